@@ -1,0 +1,34 @@
+"""The contract between the model runner and an attention backend."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+
+@dataclass
+class AttentionMetadata:
+    """Describes one step's flattened batch: sequence i owns tokens
+    query_start_loc[i]:query_start_loc[i + 1] of q, k and v, which sit at positions
+    start_pos[i], start_pos[i] + 1, ... of that sequence (start_pos[i] tokens are cached already)."""
+
+    query_start_loc: list[int]
+    start_pos: list[int]
+    # Contiguous cache only: one [num_layers, 2, capacity, num_kv_heads, head_dim] buffer per sequence.
+    kv_buffers: list[torch.Tensor] = field(default_factory=list)
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.start_pos)
+
+
+class AttentionBackend(Protocol):
+    name: str
+
+    def forward(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                metadata: AttentionMetadata) -> torch.Tensor:
+        """q: [tokens, heads, head_dim]; k, v: [tokens, kv_heads, head_dim] for this step's new
+        tokens. Stores k and v if the backend keeps a cache; returns [tokens, heads, head_dim]."""
+        ...

@@ -1,0 +1,33 @@
+"""A contiguous KV cache: each running sequence owns one buffer sized for its longest possible
+length. New K/V are appended at the sequence's current position, and attention reads the filled
+prefix. Simple and fast to index, but the unused tail of every buffer is reserved memory that
+nobody else can use: the waste that paging removes."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from minillm.attention.base import AttentionMetadata
+from minillm.attention.reference import append_and_attend
+
+CacheAttentionFn = Callable[..., torch.Tensor]
+
+
+class ContiguousAttention:
+    name = "contiguous"
+
+    def __init__(self, cache_attention: CacheAttentionFn = append_and_attend) -> None:
+        # Replaceable: the course plugs a learner's own append-and-attend in here.
+        self.cache_attention = cache_attention
+
+    def forward(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                metadata: AttentionMetadata) -> torch.Tensor:
+        loc = metadata.query_start_loc
+        outs = []
+        for i, buf in enumerate(metadata.kv_buffers):
+            s, e = loc[i], loc[i + 1]
+            outs.append(self.cache_attention(q[s:e], k[s:e], v[s:e], buf[layer_idx, 0],
+                                             buf[layer_idx, 1], metadata.start_pos[i]))
+        return torch.cat(outs)

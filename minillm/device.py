@@ -1,0 +1,63 @@
+"""Which device and dtype to run on, decided the same way everywhere (engine, notebooks, CLI)."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+_DTYPES = {"float32": torch.float32, "float": torch.float32, "float16": torch.float16,
+           "half": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def default_device() -> str:
+    if torch.cuda.is_available():
+        return "cuda"
+    if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
+        return "mps"
+    return "cpu"
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    if device is None:
+        return torch.device(default_device())
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"device must be 'cpu', 'cuda', 'cuda:N' or 'mps', got {device!r}") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device='cuda' was asked for, but torch sees no CUDA device "
+                         f"(torch {torch.__version__}); use device='cpu'")
+    if dev.type not in ("cpu", "cuda", "mps"):
+        raise ValueError(f"device must be 'cpu', 'cuda' or 'mps', got {device!r}")
+    return dev
+
+
+def resolve_dtype(dtype: str | torch.dtype, checkpoint_dtype: str, device: torch.device) -> torch.dtype:
+    """`auto` is the checkpoint's dtype on a GPU (bf16 becomes fp16 where the GPU lacks bf16, e.g.
+    a T4), and float32 on CPU, where half-precision matmuls are slow or missing."""
+    if isinstance(dtype, torch.dtype):
+        if dtype not in _DTYPES.values():
+            raise ValueError(f"dtype must be one of float32, float16, bfloat16 or 'auto', got {dtype}")
+        return dtype
+    if dtype != "auto":
+        if dtype not in _DTYPES:
+            raise ValueError(f"dtype must be 'auto', 'float32', 'float16' or 'bfloat16', got {dtype!r}")
+        return _DTYPES[dtype]
+    if device.type == "cpu":
+        return torch.float32
+    wanted = _DTYPES.get(checkpoint_dtype.replace("torch.", ""), torch.float32)
+    if wanted == torch.float32:
+        return torch.float16 if device.type == "mps" else torch.float32
+    if wanted == torch.bfloat16 and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        return torch.float16
+    return wanted
+
+
+def device_memory_bytes(device: torch.device) -> int:
+    """Total memory of the device the KV cache lives on (system RAM for the CPU)."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    if device.type == "mps" and hasattr(torch.mps, "recommended_max_memory"):
+        return torch.mps.recommended_max_memory()
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")

@@ -1,0 +1,161 @@
+"""LLMEngine: owns the model, the cache, the scheduler; `step()` is one iteration of serving."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import torch
+
+from minillm.attention import ContiguousAttention, NoCacheAttention
+from minillm.config import ModelConfig
+from minillm.device import device_memory_bytes, resolve_device, resolve_dtype
+from minillm.kv_cache import ContiguousKVCache
+from minillm.loader import load_model, load_tokenizer, resolve_model_path
+from minillm.model_runner import ModelRunner
+from minillm.output_processor import OutputProcessor
+from minillm.outputs import RequestOutput
+from minillm.sampling_params import SamplingParams
+from minillm.scheduler import ScheduledBatch, Scheduler
+from minillm.sequence import Sequence
+from minillm.trace import SeqState, StepEvent, TraceInfo
+
+KV_CACHE_MODES = ("contiguous", "none")
+PromptType = str | dict
+
+
+class LLMEngine:
+    def __init__(self, model: str, *, dtype: str | torch.dtype = "auto", device: str | None = None,
+                 skip_tokenizer_init: bool = False, max_num_seqs: int = 256,
+                 max_model_len: int | None = None, kv_cache: str = "contiguous", seed: int = 0) -> None:
+        if kv_cache not in KV_CACHE_MODES:
+            raise ValueError(f"kv_cache must be one of {KV_CACHE_MODES}, got {kv_cache!r}")
+        if isinstance(max_num_seqs, bool) or not isinstance(max_num_seqs, int) or max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be an integer >= 1, got {max_num_seqs!r}")
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise ValueError(f"seed must be an integer, got {seed!r}")
+        path = resolve_model_path(model)
+        self.model_name = str(model)
+        self.model_config = config = ModelConfig.from_dir(path)
+        self.max_model_len = _resolve_max_model_len(max_model_len, config)
+        self.device = resolve_device(device)
+        self.dtype = resolve_dtype(dtype, config.checkpoint_dtype, self.device)
+        self.tokenizer = None if skip_tokenizer_init else load_tokenizer(path)
+        self.model = load_model(path, config, self.dtype, self.device)
+        eos = set(config.eos_token_ids)
+        if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
+            eos.add(self.tokenizer.eos_token_id)
+        self.eos_token_ids = frozenset(eos)
+        self.kv_cache = ContiguousKVCache(config, self.dtype, self.device) if kv_cache == "contiguous" else None
+        backend = ContiguousAttention() if kv_cache == "contiguous" else NoCacheAttention()
+        self.model_runner = ModelRunner(self.model, backend, self.kv_cache, self.device, seed)
+        self.scheduler = Scheduler(max_num_seqs, self.kv_cache)
+        self.output_processor = OutputProcessor(self.tokenizer)
+        self.step_listeners: list[Callable[[StepEvent], None]] = []  # see trace.py
+        self.num_steps = 0
+
+    def add_request(self, request_id: str, prompt: PromptType, params: SamplingParams,
+                    arrival_time: float | None = None) -> None:
+        text, token_ids = self.process_prompt(prompt)
+        self.check_params(params)
+        if self.scheduler.find(request_id) is not None:
+            raise ValueError(f"request_id {request_id!r} is already in the engine")
+        generator = None
+        if params.seed is not None:
+            generator = torch.Generator(device=self.device).manual_seed(params.seed)
+        self.scheduler.add_request(Sequence(
+            request_id, text, token_ids, params, self.max_model_len, self.eos_token_ids, generator,
+            time.time() if arrival_time is None else arrival_time))
+
+    def abort_request(self, request_id: str) -> None:
+        seq = self.scheduler.find(request_id)
+        if seq is not None:
+            seq.finish_reason = "abort"
+            self.scheduler.finish(seq)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    def step(self) -> list[RequestOutput]:
+        batch = self.scheduler.schedule()
+        if not batch.seqs:
+            return []
+        sampled = self.model_runner.run(batch)
+        for seq, n in zip(batch.seqs, batch.num_new_tokens):
+            seq.num_computed_tokens += n if self.kv_cache is not None else 0
+        outputs = self.output_processor.process(batch.seqs, sampled)
+        if self.step_listeners:
+            event = self._step_event(batch)
+            for listener in self.step_listeners:
+                listener(event)
+        for seq in batch.seqs:
+            if seq.finish_reason is not None:
+                self.scheduler.finish(seq)
+        self.num_steps += 1
+        return outputs
+
+    def trace_info(self) -> TraceInfo:
+        return TraceInfo(
+            model=self.model_name, device=str(self.device), dtype=str(self.dtype).replace("torch.", ""),
+            kv_cache="none" if self.kv_cache is None else "contiguous",
+            kv_bytes_per_token=self.model_config.kv_bytes_per_token(self.dtype.itemsize),
+            device_memory_bytes=device_memory_bytes(self.device), max_model_len=self.max_model_len,
+            max_num_seqs=self.scheduler.max_num_seqs)
+
+    def _step_event(self, batch: ScheduledBatch) -> StepEvent:
+        states = []
+        for seq, n in zip(batch.seqs, batch.num_new_tokens):
+            start = seq.num_tokens - 1 - n  # first position computed this step (before the new token)
+            prefill = max(0, min(start + n, seq.num_prompt_tokens) - start)
+            states.append(SeqState(
+                request_id=seq.request_id, prefill_tokens=prefill, decode_tokens=n - prefill,
+                kv_tokens=seq.num_computed_tokens,
+                kv_reserved_tokens=seq.max_len if self.kv_cache is not None else 0,
+                finish_reason=seq.finish_reason))
+        return StepEvent(step=self.num_steps, seqs=tuple(states), num_waiting=len(self.scheduler.waiting))
+
+    def process_prompt(self, prompt: PromptType) -> tuple[str | None, list[int]]:
+        """Validate a prompt and tokenize it: a string, {"prompt": str} or {"prompt_token_ids": [...]}."""
+        if isinstance(prompt, dict) and "prompt_token_ids" in prompt:
+            text, ids = prompt.get("prompt"), prompt["prompt_token_ids"]
+            if not isinstance(ids, (list, tuple)) or not all(
+                    isinstance(i, int) and not isinstance(i, bool) for i in ids):
+                raise ValueError(f"prompt_token_ids must be a list of ints, got {ids!r:.80}")
+            ids = list(ids)
+        else:
+            text = prompt.get("prompt") if isinstance(prompt, dict) else prompt
+            if not isinstance(text, str):
+                raise ValueError("prompt must be a string, {'prompt': str} or {'prompt_token_ids': [int, ...]}, "
+                                 f"got {type(prompt).__name__}")
+            if self.tokenizer is None:
+                raise ValueError("prompt must be {'prompt_token_ids': [...]} when skip_tokenizer_init=True")
+            ids = self.tokenizer(text, add_special_tokens=True)["input_ids"]
+        if not ids:
+            raise ValueError("prompt must not be empty (it has no tokens)")
+        vocab = self.model_config.vocab_size
+        if bad := [i for i in ids if not 0 <= i < vocab]:
+            raise ValueError(f"prompt_token_ids must be in [0, {vocab}), got {bad[0]}")
+        if len(ids) >= self.max_model_len:
+            raise ValueError(f"prompt has {len(ids)} tokens, but max_model_len is {self.max_model_len}: "
+                             "it must be shorter, to leave room for at least one generated token")
+        return text, ids
+
+    def check_params(self, params: SamplingParams) -> None:
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"sampling_params must be SamplingParams, got {type(params).__name__}")
+        if params.stop_strings and self.tokenizer is None:
+            raise ValueError("stop strings need a tokenizer; with skip_tokenizer_init=True use stop_token_ids")
+        if params.logprobs is not None and params.logprobs > self.model_config.vocab_size:
+            raise ValueError(f"logprobs must be <= vocab_size={self.model_config.vocab_size}, got {params.logprobs}")
+
+
+def _resolve_max_model_len(requested: int | None, config: ModelConfig) -> int:
+    limit = config.max_position_embeddings
+    if config.sliding_window is not None:
+        # minillm implements full attention only; within one window the two are the same thing.
+        limit = min(limit, config.sliding_window)
+    if requested is None:
+        return limit
+    if isinstance(requested, bool) or not isinstance(requested, int) or not 2 <= requested <= limit:
+        raise ValueError(f"max_model_len must be an integer in [2, {limit}] for this model, got {requested!r}")
+    return requested

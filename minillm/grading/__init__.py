@@ -1,0 +1,1 @@
+"""Exercises from solutions, checks, and the autograder for instructors."""

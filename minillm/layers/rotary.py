@@ -1,0 +1,59 @@
+"""Rotary position embeddings (RoPE), with the `linear` and Llama 3 frequency scalings.
+
+Each pair of channels (i, i + d/2) of a query or key is rotated by the angle
+position * inv_freq[i]. The dot product of a rotated query and key then depends only on the
+distance between their positions, which is how attention learns relative order.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def rope_inv_freq(head_dim: int, theta: float, scaling: dict) -> torch.Tensor:
+    # Built on the CPU explicitly: models are constructed under torch.device("meta").
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64, device="cpu").float() / head_dim
+    inv_freq = 1.0 / (theta ** exponents)
+    kind = scaling.get("rope_type", "default")
+    if kind == "linear":
+        return inv_freq / scaling["factor"]
+    if kind == "llama3":
+        return _llama3_scaling(inv_freq, scaling)
+    return inv_freq
+
+
+def _llama3_scaling(inv_freq: torch.Tensor, s: dict) -> torch.Tensor:
+    """Llama 3.1: slow (long-wavelength) frequencies are divided by `factor`, fast ones are kept,
+    and the band between is interpolated smoothly, so the model reaches longer contexts without
+    disturbing what it learned about nearby tokens."""
+    factor, low, high = s["factor"], s["low_freq_factor"], s["high_freq_factor"]
+    old_len = s["original_max_position_embeddings"]
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
+    smooth = (old_len / wavelen - low) / (high - low)
+    blended = (1 - smooth) * scaled / factor + smooth * scaled
+    in_band = (wavelen >= old_len / high) & (wavelen <= old_len / low)
+    return torch.where(in_band, blended, scaled)
+
+
+class RotaryEmbedding:
+    """Computes cos/sin for a batch of positions once per forward pass; every layer reuses them."""
+
+    def __init__(self, head_dim: int, theta: float, scaling: dict) -> None:
+        self.inv_freq = rope_inv_freq(head_dim, theta, scaling)
+
+    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.inv_freq.device != positions.device:
+            self.inv_freq = self.inv_freq.to(positions.device)
+        freqs = positions.float()[:, None] * self.inv_freq[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: [tokens, heads, head_dim]; cos/sin: [tokens, head_dim]."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos[:, None, :] + rotated * sin[:, None, :]

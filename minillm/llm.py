@@ -1,0 +1,93 @@
+"""`LLM`: the offline entry point, vLLM's API: `LLM(model).generate(prompts, SamplingParams(...))`."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import itertools
+from collections.abc import Iterator, Sequence
+
+from tqdm.auto import tqdm
+
+from minillm.engine import LLMEngine, PromptType
+from minillm.outputs import RequestOutput
+from minillm.sampling_params import RequestOutputKind, SamplingParams
+
+
+class LLM:
+    def __init__(self, model: str, **engine_args) -> None:
+        """model: "tiny", "tiny-draft", a local Hugging Face folder, or a Hub id.
+        engine_args: dtype, device, skip_tokenizer_init, max_num_seqs, max_model_len, kv_cache, seed."""
+        self.llm_engine = LLMEngine(model, **engine_args)
+        self._request_ids = itertools.count()
+
+    def get_tokenizer(self):
+        return self.llm_engine.tokenizer
+
+    def generate(self, prompts: PromptType | Sequence[PromptType],
+                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 *, use_tqdm: bool = True) -> list[RequestOutput]:
+        """Run every prompt to completion, all batched together; outputs in the prompts' order."""
+        if isinstance(prompts, (str, dict)):
+            prompts = [prompts]
+        params = _per_prompt(sampling_params, len(prompts))
+        engine = self.llm_engine
+        for prompt, p in zip(prompts, params):  # reject bad input before anything is queued
+            engine.process_prompt(prompt)
+            engine.check_params(p)
+        ids = [self._add(prompt, dataclasses.replace(p, output_kind=RequestOutputKind.FINAL_ONLY))
+               for prompt, p in zip(prompts, params)]
+        finished: dict[str, RequestOutput] = {}
+        with tqdm(total=len(ids), desc="Processed prompts", disable=not use_tqdm, leave=False) as bar:
+            with _abort_on_exit(engine, ids):
+                while len(finished) < len(ids):
+                    for out in engine.step():
+                        if out.finished and out.request_id in ids:
+                            finished[out.request_id] = out
+                            bar.update(1)
+        return [finished[i] for i in ids]
+
+    def stream(self, prompt: PromptType, sampling_params: SamplingParams | None = None) -> Iterator[str]:
+        """Yield the text as it is generated, piece by piece; stop strings never leak."""
+        params = sampling_params or SamplingParams()
+        request_id = self._add(prompt, dataclasses.replace(params, output_kind=RequestOutputKind.CUMULATIVE))
+        sent = 0
+        with _abort_on_exit(self.llm_engine, [request_id]):
+            while True:
+                for out in self.llm_engine.step():
+                    if out.request_id != request_id:
+                        continue
+                    text = out.outputs[0].text
+                    if len(text) > sent:
+                        yield text[sent:]
+                        sent = len(text)
+                    if out.finished:
+                        return
+
+    def _add(self, prompt: PromptType, params: SamplingParams) -> str:
+        request_id = str(next(self._request_ids))
+        self.llm_engine.add_request(request_id, prompt, params)
+        return request_id
+
+
+def _per_prompt(sampling_params, n: int) -> list[SamplingParams]:
+    if sampling_params is None:
+        return [SamplingParams()] * n
+    if isinstance(sampling_params, SamplingParams):
+        return [sampling_params] * n
+    params = list(sampling_params)
+    if len(params) != n:
+        raise ValueError(f"sampling_params must be one SamplingParams or one per prompt ({n}), got {len(params)}")
+    return params
+
+
+@contextlib.contextmanager
+def _abort_on_exit(engine: LLMEngine, request_ids: list[str]) -> Iterator[None]:
+    """Whatever ends the loop (done, an exception, Ctrl-C in a notebook, a stream the caller
+    stopped reading), requests still in the engine are aborted so that its cache is clean for
+    the next call; finished requests are already gone and unaffected."""
+    try:
+        yield
+    finally:
+        for request_id in request_ids:
+            engine.abort_request(request_id)

@@ -1,0 +1,114 @@
+"""The Llama family decoder: Llama 2/3/3.x, Mistral, Qwen2/2.5, Qwen3 and SmolLM2.
+
+Inputs are flattened: the tokens of every sequence in the step sit in one [tokens] vector with
+their positions, with no padding. Where a token's keys and values live, and which earlier tokens
+it may attend to, is the attention backend's business (`attn`), not the model's.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from minillm.config import ModelConfig
+from minillm.layers.linear import MergedLinear
+from minillm.layers.norm import RMSNorm
+from minillm.layers.rotary import RotaryEmbedding, apply_rotary
+
+# attn(layer_idx, q, k, v) -> out, with q: [tokens, heads, head_dim], k/v: [tokens, kv_heads, head_dim]
+AttentionFn = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, config: ModelConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = d = config.head_dim
+        self.qkv_proj = MergedLinear(config.hidden_size, [self.num_heads * d, self.num_kv_heads * d,
+                                                          self.num_kv_heads * d], bias=config.qkv_bias)
+        self.o_proj = nn.Linear(self.num_heads * d, config.hidden_size, bias=config.o_bias)
+        if config.qk_norm:  # Qwen3 normalises each head's query and key before RoPE
+            self.q_norm = RMSNorm(d, config.rms_norm_eps)
+            self.k_norm = RMSNorm(d, config.rms_norm_eps)
+        self.qk_norm = config.qk_norm
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: AttentionFn) -> torch.Tensor:
+        q, k, v = self.qkv_proj(x).split(self.qkv_proj.output_sizes, dim=-1)
+        q = q.view(-1, self.num_heads, self.head_dim)
+        k = k.view(-1, self.num_kv_heads, self.head_dim)
+        v = v.view(-1, self.num_kv_heads, self.head_dim)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        out = attn(self.layer_idx, q, k, v)
+        return self.o_proj(out.reshape(-1, self.num_heads * self.head_dim))
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        inter = config.intermediate_size
+        self.gate_up_proj = MergedLinear(config.hidden_size, [inter, inter], bias=config.mlp_bias)
+        self.down_proj = nn.Linear(inter, config.hidden_size, bias=config.mlp_bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = LlamaAttention(config, layer_idx)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = LlamaMLP(config)
+
+    def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: AttentionFn) -> torch.Tensor:
+        h = h + self.self_attn(self.input_layernorm(h), cos, sin, attn)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta, config.rope_scaling)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionFn) -> torch.Tensor:
+        h = self.embed_tokens(input_ids)
+        cos, sin = self.rotary.cos_sin(positions, h.dtype)
+        for layer in self.layers:
+            h = layer(h, cos, sin, attn)
+        return self.norm(h)
+
+
+class LlamaForCausalLM(nn.Module):
+    # Checkpoint tensor name -> (our merged module, shard index); see loader.py.
+    packed_modules_mapping = {
+        "q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
+        "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1),
+    }
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.model = LlamaModel(config)
+        self.lm_head = None if config.tie_word_embeddings else nn.Linear(
+            config.hidden_size, config.vocab_size, bias=False)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionFn) -> torch.Tensor:
+        """input_ids, positions: [tokens] -> final hidden states [tokens, hidden_size]."""
+        return self.model(input_ids, positions, attn)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Only the rows that are sampled from reach the (vocab-sized, expensive) output head."""
+        weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return F.linear(hidden, weight).float()

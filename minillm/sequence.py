@@ -1,0 +1,74 @@
+"""One request's state as it moves through the engine: its tokens, its progress, its outcome."""
+
+from __future__ import annotations
+
+import enum
+
+import torch
+
+from minillm.outputs import Logprob, RequestMetrics
+from minillm.sampling_params import SamplingParams
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class Sequence:
+    def __init__(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
+                 params: SamplingParams, max_model_len: int, eos_token_ids: frozenset[int],
+                 generator: torch.Generator | None, arrival_time: float) -> None:
+        self.request_id = request_id
+        self.prompt = prompt
+        self.token_ids = list(prompt_token_ids)
+        self.num_prompt_tokens = len(prompt_token_ids)
+        self.params = params
+        budget = params.max_tokens if params.max_tokens is not None else max_model_len
+        # The most tokens (prompt included) this sequence can ever hold: what a contiguous cache reserves.
+        self.max_len = min(max_model_len, self.num_prompt_tokens + budget)
+        self.eos_token_ids = frozenset() if params.ignore_eos else eos_token_ids
+        self.generator = generator
+        self.status = SequenceStatus.WAITING
+        self.num_computed_tokens = 0  # tokens whose K/V are in the cache
+        self.output_text = ""
+        self.finish_reason: str | None = None
+        self.stop_reason: int | str | None = None
+        self.logprobs: list[dict[int, Logprob]] | None = [] if params.logprobs is not None else None
+        self.cumulative_logprob: float | None = 0.0 if params.logprobs is not None else None
+        self.metrics = RequestMetrics(arrival_time=arrival_time)
+        # Incremental detokenisation window (see output_processor.py); starting a few prompt tokens
+        # back lets tokenizers that merge a leading space into the first word decode it correctly.
+        self.prefix_offset = max(0, self.num_prompt_tokens - 5)
+        self.read_offset = self.num_prompt_tokens
+
+    @property
+    def prompt_token_ids(self) -> list[int]:
+        return self.token_ids[: self.num_prompt_tokens]
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens:]
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
+
+    def banned_token_ids(self) -> list[int]:
+        """Tokens that may not be sampled yet: end-of-sequence tokens before min_tokens."""
+        if self.num_output_tokens >= self.params.min_tokens:
+            return []
+        return sorted(self.eos_token_ids.union(self.params.stop_token_ids))
+
+    def __repr__(self) -> str:
+        return (f"Sequence({self.request_id!r}, {self.status.value}, prompt={self.num_prompt_tokens}, "
+                f"output={self.num_output_tokens}, computed={self.num_computed_tokens})")

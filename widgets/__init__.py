@@ -1,0 +1,1 @@
+"""Views of the engine's live state, drawn from its trace events."""
