@@ -61,3 +61,17 @@ def device_memory_bytes(device: torch.device) -> int:
     if device.type == "mps" and hasattr(torch.mps, "recommended_max_memory"):
         return torch.mps.recommended_max_memory()
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def triton_status() -> tuple[bool, str]:
+    """Whether Triton kernels can run here, and why (or why not)."""
+    try:
+        import triton
+    except ImportError:
+        return False, "triton is not installed (it ships for Linux only: pip install triton)"
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return True, f"triton {triton.__version__}, CPU interpreter (TRITON_INTERPRET=1): correct but slow"
+    if torch.cuda.is_available():
+        return True, f"triton {triton.__version__} on {torch.cuda.get_device_name()}"
+    return False, (f"triton {triton.__version__} is installed but there is no CUDA GPU; "
+                   "set TRITON_INTERPRET=1 to run kernels on the CPU interpreter")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Callable
 
 import torch
@@ -84,20 +85,30 @@ class LLMEngine:
         for seq, n in zip(batch.seqs, batch.num_new_tokens):
             seq.num_computed_tokens += n if self.kv_cache is not None else 0
         outputs = self.output_processor.process(batch.seqs, sampled)
-        if self.step_listeners:
-            event = self._step_event(batch)
-            for listener in self.step_listeners:
-                listener(event)
+        event = self._step_event(batch) if self.step_listeners else None
         for seq in batch.seqs:
             if seq.finish_reason is not None:
                 self.scheduler.finish(seq)
         self.num_steps += 1
+        if event is not None:
+            self._notify(event)
         return outputs
+
+    def _notify(self, event: StepEvent) -> None:
+        # Listeners are views and probes: one that breaks must not break generation. It is warned
+        # about and removed; the engine's own state is complete before any listener runs.
+        for listener in list(self.step_listeners):
+            try:
+                listener(event)
+            except Exception as e:
+                self.step_listeners.remove(listener)
+                warnings.warn(f"step listener {listener!r} raised {type(e).__name__}: {e}; it was removed",
+                              RuntimeWarning, stacklevel=2)
 
     def trace_info(self) -> TraceInfo:
         return TraceInfo(
             model=self.model_name, device=str(self.device), dtype=str(self.dtype).replace("torch.", ""),
-            kv_cache="none" if self.kv_cache is None else "contiguous",
+            kv_cache=self.model_runner.attn_backend.name,
             kv_bytes_per_token=self.model_config.kv_bytes_per_token(self.dtype.itemsize),
             device_memory_bytes=device_memory_bytes(self.device), max_model_len=self.max_model_len,
             max_num_seqs=self.scheduler.max_num_seqs)

@@ -37,14 +37,19 @@ class LLM:
             engine.check_params(p)
         ids = [self._add(prompt, dataclasses.replace(p, output_kind=RequestOutputKind.FINAL_ONLY))
                for prompt, p in zip(prompts, params)]
-        finished: dict[str, RequestOutput] = {}
-        with tqdm(total=len(ids), desc="Processed prompts", disable=not use_tqdm, leave=False) as bar:
+        pending, finished = set(ids), {}
+        # disable is only passed to switch the bar off: passing False would override TQDM_DISABLE.
+        quiet = {} if use_tqdm else {"disable": True}
+        with tqdm(total=len(ids), desc="Processed prompts", leave=False, **quiet) as bar:
             with _abort_on_exit(engine, ids):
-                while len(finished) < len(ids):
+                while pending and engine.has_unfinished_requests():
                     for out in engine.step():
-                        if out.finished and out.request_id in ids:
+                        if out.finished and out.request_id in pending:
+                            pending.discard(out.request_id)
                             finished[out.request_id] = out
                             bar.update(1)
+        if pending:
+            raise RuntimeError(f"requests {sorted(pending)} were aborted before they finished")
         return [finished[i] for i in ids]
 
     def stream(self, prompt: PromptType, sampling_params: SamplingParams | None = None) -> Iterator[str]:
@@ -53,7 +58,7 @@ class LLM:
         request_id = self._add(prompt, dataclasses.replace(params, output_kind=RequestOutputKind.CUMULATIVE))
         sent = 0
         with _abort_on_exit(self.llm_engine, [request_id]):
-            while True:
+            while self.llm_engine.has_unfinished_requests():
                 for out in self.llm_engine.step():
                     if out.request_id != request_id:
                         continue

@@ -22,6 +22,7 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 _HUB_FILES = ["*.json", "*.safetensors", "tokenizer.model", "*.txt"]  # never *.bin / *.pt
 _PICKLE_SUFFIXES = {".bin", ".pt", ".pth", ".ckpt", ".pkl"}
 _IGNORED_TENSORS = ("rotary_emb.inv_freq",)
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
 
 
 def resolve_model_path(model: str | Path) -> Path:
@@ -133,8 +134,11 @@ class _WeightLoader:
 def load_tokenizer(path: Path):
     from transformers import AutoTokenizer
 
+    hint = "pass skip_tokenizer_init=True and give prompts as token ids"
+    if not any((path / name).is_file() for name in _TOKENIZER_FILES):
+        raise ValueError(f"model folder {path} has no tokenizer files ({', '.join(_TOKENIZER_FILES)}); {hint}")
     try:
         return AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)
     except Exception as e:
-        raise ValueError(f"could not load a tokenizer from {path} ({type(e).__name__}: {e}); "
-                         "pass skip_tokenizer_init=True and give prompts as token ids") from None
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise ValueError(f"could not load the tokenizer in {path} ({type(e).__name__}: {reason}); {hint}") from None

@@ -6,7 +6,7 @@ import functools
 
 import torch
 
-from minillm.attention import AttentionBackend, AttentionMetadata
+from minillm.attention import AttentionBackend, AttentionMetadata, NoCacheAttention
 from minillm.kv_cache import ContiguousKVCache
 from minillm.layers.sampler import Sampler, SamplerOutput, SamplingMetadata
 from minillm.models.llama import LlamaForCausalLM
@@ -43,3 +43,18 @@ class ModelRunner:
         last_token_rows = torch.tensor(query_start_loc[1:], device=self.device) - 1
         logits = self.model.compute_logits(hidden[last_token_rows])
         return self.sampler(logits, SamplingMetadata.from_seqs(batch.seqs, self.device))
+
+
+@torch.inference_mode()
+def sequence_logits(model: LlamaForCausalLM, sequences: list[list[int]]) -> list[torch.Tensor]:
+    """Logits at every position of each whole sequence, no cache involved: [len(seq), vocab] each.
+    All sequences go through the model together, as one flattened batch."""
+    device = model.model.embed_tokens.weight.device
+    query_start_loc = [0]
+    for seq in sequences:
+        query_start_loc.append(query_start_loc[-1] + len(seq))
+    metadata = AttentionMetadata(query_start_loc=query_start_loc, start_pos=[0] * len(sequences))
+    hidden = model(torch.tensor([t for seq in sequences for t in seq], device=device),
+                   torch.tensor([p for seq in sequences for p in range(len(seq))], device=device),
+                   functools.partial(NoCacheAttention().forward, metadata=metadata))
+    return list(model.compute_logits(hidden).split([len(seq) for seq in sequences]))

@@ -21,10 +21,6 @@ class ScheduledBatch:
     seqs: list[Sequence]
     num_new_tokens: list[int]  # tokens of each sequence that this step computes
 
-    @property
-    def num_tokens(self) -> int:
-        return sum(self.num_new_tokens)
-
 
 class Scheduler:
     def __init__(self, max_num_seqs: int, kv_cache: ContiguousKVCache | None) -> None:

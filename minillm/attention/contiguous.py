@@ -5,7 +5,7 @@ nobody else can use: the waste that paging removes."""
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

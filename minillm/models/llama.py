@@ -7,7 +7,7 @@ it may attend to, is the attention backend's business (`attn`), not the model's.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F

@@ -1,0 +1,39 @@
+# README.md's two commands: `make course` opens the course, `make test` runs the whole suite.
+# Both create the environment (.venv) first if it is missing or older than pyproject.toml.
+
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+INSTALLED := $(VENV)/.installed
+COLAB_WIDGETS := .venv-colab-widgets/.installed
+
+.PHONY: course test env lint exercises check-exercises bench
+
+course: env
+	$(BIN)/jupyter lab notebooks/00_welcome.ipynb
+
+test: env $(COLAB_WIDGETS)
+	$(BIN)/python -m pytest
+
+env: $(INSTALLED)
+
+# torch is installed on its own first only where none is there yet, so a GPU machine keeps its
+# CUDA build (and CI its CPU build, see .ci/run); pip then only adds what is missing.
+$(INSTALLED): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install torch
+	$(BIN)/pip install -e ".[course,dev]"
+	touch $@
+
+# Colab's ipywidgets 7.7.1 and plotly 5.24.1, which the widget tests also run against.
+$(COLAB_WIDGETS): scripts/colab_widget_env.sh | $(INSTALLED)
+	bash scripts/colab_widget_env.sh
+
+lint: env
+	$(BIN)/ruff check .
+
+exercises: env
+	$(BIN)/python -m minillm.grading.exercises
+
+check-exercises: env
+	$(BIN)/python -m minillm.grading.exercises --check

@@ -1,0 +1,1 @@
+"""`minillm bench ...`: measurements printed as a table and written as JSON (see BENCHMARKS.md)."""

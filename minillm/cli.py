@@ -1,0 +1,133 @@
+"""The `minillm` command: generate, env, bench, eval."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def _generate(args) -> None:
+    from minillm import LLM, SamplingParams
+
+    llm = LLM(args.model, device=args.device, dtype=args.dtype)
+    params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                            max_tokens=args.max_tokens, seed=args.seed)
+    if args.stream:
+        print(args.prompt, end="", flush=True)
+        for piece in llm.stream(args.prompt, params):
+            print(piece, end="", flush=True)
+        print()
+    else:
+        print(args.prompt + llm.generate([args.prompt], params, use_tqdm=False)[0].outputs[0].text)
+
+
+def _env(args) -> None:
+    from minillm.env import collect_env, format_env
+
+    info = collect_env()
+    print(json.dumps(info, indent=2) if args.json else format_env(info))
+
+
+def _bench_kv_cache(args) -> None:
+    from minillm.bench.kv_cache import COLUMNS, bench_kv_cache
+    from minillm.bench.report import format_table, write_json
+
+    rows, summary = bench_kv_cache(args.model, tuple(args.lengths), args.decode_tokens,
+                                   device=args.device, dtype=args.dtype)
+    print(format_table(rows, COLUMNS))
+    print(json.dumps(summary))
+    config = {"model": args.model, "lengths": args.lengths, "decode_tokens": args.decode_tokens,
+              "device": args.device, "dtype": args.dtype}
+    write_json(args.out, "kv-cache", config, rows, summary)
+    print(f"wrote {args.out}")
+
+
+def _eval_perplexity(args) -> None:
+    from minillm import LLM
+    from minillm.eval.heldout import eval_token_ids
+    from minillm.eval.perplexity import perplexity
+
+    llm = LLM(args.model, device=args.device, dtype=args.dtype)
+    if args.text is None and args.model not in ("tiny", "tiny-draft"):
+        raise ValueError("--text FILE is needed for models other than tiny / tiny-draft")
+    result = perplexity(llm, eval_token_ids(llm.get_tokenizer(), args.text), window=args.window)
+    print(json.dumps({"model": args.model, "text": args.text or "held-out stdlib modules", **result}, indent=2))
+
+
+def _eval_acceptance(args) -> None:
+    from minillm import LLM
+    from minillm.eval.acceptance import greedy_acceptance, sample_prompts
+    from minillm.eval.heldout import eval_token_ids
+
+    target = LLM(args.model, device=args.device, dtype=args.dtype)
+    draft = LLM(args.draft, device=args.device, dtype=args.dtype)
+    prompts = sample_prompts(eval_token_ids(target.get_tokenizer(), args.text), args.num_prompts,
+                             args.prompt_len, seed=args.seed)
+    result = greedy_acceptance(target, draft, prompts, num_tokens=args.num_tokens, k=args.k)
+    print(json.dumps({"target": args.model, "draft": args.draft, **result}, indent=2))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="minillm", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def model_args(p, model="tiny"):
+        p.add_argument("--model", default=model, help="'tiny', 'tiny-draft', a local HF folder or a Hub id")
+        p.add_argument("--device", default=None, help="cuda, mps or cpu (default: the best available)")
+        p.add_argument("--dtype", default="auto")
+
+    gen = sub.add_parser("generate", help="complete a prompt")
+    gen.add_argument("prompt")
+    model_args(gen)
+    gen.add_argument("--max-tokens", type=int, default=64)
+    gen.add_argument("--temperature", type=float, default=0.8)
+    gen.add_argument("--top-p", type=float, default=0.95)
+    gen.add_argument("--top-k", type=int, default=0)
+    gen.add_argument("--seed", type=int, default=0)
+    gen.add_argument("--stream", action="store_true", help="print text as it is generated")
+    gen.set_defaults(func=_generate)
+
+    env = sub.add_parser("env", help="print the environment (paste it into bug reports)")
+    env.add_argument("--json", action="store_true")
+    env.set_defaults(func=_env)
+
+    bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="benchmark", required=True)
+    kv = bench.add_parser("kv-cache", help="decode tokens/s with and without the KV cache")
+    model_args(kv)
+    kv.add_argument("--lengths", type=int, nargs="+", default=[64, 128, 256, 512, 1024])
+    kv.add_argument("--decode-tokens", type=int, default=32)
+    kv.add_argument("--out", type=Path, default=Path("bench-results/kv-cache.json"))
+    kv.set_defaults(func=_bench_kv_cache)
+
+    ev = sub.add_parser("eval", help="model quality").add_subparsers(dest="evaluation", required=True)
+    ppl = ev.add_parser("perplexity", help="perplexity on held-out text")
+    model_args(ppl)
+    ppl.add_argument("--text", default=None, help="a text file (default for tiny: held-out stdlib modules)")
+    ppl.add_argument("--window", type=int, default=512)
+    ppl.set_defaults(func=_eval_perplexity)
+    acc = ev.add_parser("acceptance", help="greedy acceptance rate of a draft model")
+    model_args(acc)
+    acc.add_argument("--draft", default="tiny-draft")
+    acc.add_argument("-k", type=int, default=4, help="draft tokens proposed per target call")
+    acc.add_argument("--text", default=None)
+    acc.add_argument("--num-prompts", type=int, default=32)
+    acc.add_argument("--prompt-len", type=int, default=64)
+    acc.add_argument("--num-tokens", type=int, default=64)
+    acc.add_argument("--seed", type=int, default=0)
+    acc.set_defaults(func=_eval_acceptance)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    try:
+        args.func(args)
+    except ValueError as e:  # bad input: a clear message, not a traceback
+        print(f"minillm: error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

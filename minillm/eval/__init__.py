@@ -1,0 +1,1 @@
+"""`minillm eval ...`: quality measurements of a model (perplexity, draft acceptance)."""

@@ -1,0 +1,74 @@
+"""Shared fixtures. Tests never touch the Hugging Face Hub: random checkpoints are written locally."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TQDM_DISABLE", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from minillm.loader import SHIPPED_MODELS  # noqa: E402
+
+# Small shapes of each supported family; the keys name what each one exercises.
+HF_CONFIGS = {
+    "llama_mha": ("LlamaConfig", dict(num_attention_heads=4, num_key_value_heads=4)),
+    "llama_gqa_tied": ("LlamaConfig", dict(num_attention_heads=8, num_key_value_heads=2, tie_word_embeddings=True)),
+    "llama3_rope_scaling": ("LlamaConfig", dict(
+        num_attention_heads=4, num_key_value_heads=1,
+        rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                         "high_freq_factor": 4.0, "original_max_position_embeddings": 32})),
+    "llama_bias": ("LlamaConfig", dict(num_attention_heads=4, num_key_value_heads=2, attention_bias=True,
+                                       mlp_bias=True)),
+    "qwen2_bias": ("Qwen2Config", dict(num_attention_heads=4, num_key_value_heads=2)),
+    "qwen3_qk_norm": ("Qwen3Config", dict(num_attention_heads=4, num_key_value_heads=2, head_dim=32)),
+    "mistral": ("MistralConfig", dict(num_attention_heads=4, num_key_value_heads=2, sliding_window=None)),
+}
+MODEL_CLASSES = {"LlamaConfig": "LlamaForCausalLM", "Qwen2Config": "Qwen2ForCausalLM",
+                 "Qwen3Config": "Qwen3ForCausalLM", "MistralConfig": "MistralForCausalLM"}
+
+
+def make_hf_model(kind: str, seed: int = 0, weight_std: float = 0.2):
+    """A random transformers model of the given family; weights wider than the default init so
+    that greedy choices are not decided by float rounding."""
+    import transformers
+
+    config_name, extra = HF_CONFIGS[kind]
+    config = getattr(transformers, config_name)(
+        vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        max_position_embeddings=256, **extra)
+    torch.manual_seed(seed)
+    model = getattr(transformers, MODEL_CLASSES[config_name])(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, weight_std)
+    model.generation_config.eos_token_id = None  # random weights: never stop early
+    return model
+
+
+@pytest.fixture(scope="session")
+def hf_checkpoint(tmp_path_factory):
+    """kind -> (transformers model, folder it was saved to with save_pretrained)."""
+    cache = {}
+
+    def get(kind: str):
+        if kind not in cache:
+            model = make_hf_model(kind)
+            path = tmp_path_factory.mktemp(kind)
+            model.save_pretrained(path)
+            cache[kind] = (model, path)
+        return cache[kind]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def tiny_llm():
+    """The shipped model, loaded once for the session; tests must leave its engine empty."""
+    from minillm import LLM
+
+    if not (SHIPPED_MODELS["tiny"] / "model.safetensors").is_file():
+        pytest.fail("the shipped tiny model is missing from minillm/assets/tiny")
+    return LLM("tiny")

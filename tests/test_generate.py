@@ -1,0 +1,196 @@
+"""LLM.generate / LLM.stream on the shipped model: stopping rules, logprobs, seeds, metrics,
+streaming, aborts, and bad input that is refused without disturbing the engine."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from minillm import LLM, SamplingParams
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+PROMPTS = ["def fib(n):", "import os\n", "class Stack:\n    def __init__(self):"]
+
+
+@pytest.fixture(scope="module")
+def greedy_outputs(tiny_llm):
+    return tiny_llm.generate(PROMPTS, GREEDY, use_tqdm=False)
+
+
+def assert_engine_idle(llm: LLM) -> None:
+    engine = llm.llm_engine
+    assert not engine.has_unfinished_requests()
+    assert engine.kv_cache.buffers == {}, "KV buffers leaked"
+
+
+def test_outputs_come_back_in_prompt_order_and_batching_does_not_change_them(tiny_llm, greedy_outputs):
+    assert [o.prompt for o in greedy_outputs] == PROMPTS
+    for prompt, batched in zip(PROMPTS, greedy_outputs):
+        alone = tiny_llm.generate(prompt, GREEDY, use_tqdm=False)[0]
+        assert alone.outputs[0].token_ids == batched.outputs[0].token_ids
+        assert batched.outputs[0].finish_reason == "length" and len(batched.outputs[0].token_ids) == 24
+    assert_engine_idle(tiny_llm)
+
+
+def test_token_id_prompts_equal_text_prompts(tiny_llm, greedy_outputs):
+    ids = greedy_outputs[0].prompt_token_ids
+    out = tiny_llm.generate({"prompt_token_ids": ids}, GREEDY, use_tqdm=False)[0]
+    assert out.outputs[0].token_ids == greedy_outputs[0].outputs[0].token_ids
+    assert out.prompt is None and out.outputs[0].text == greedy_outputs[0].outputs[0].text
+
+
+def test_stop_string_cuts_the_text_before_it(tiny_llm, greedy_outputs):
+    full = greedy_outputs[1].outputs[0]
+    stop = full.text[5:8]  # a string that greedy decoding is known to produce
+    out = tiny_llm.generate(PROMPTS[1], SamplingParams(temperature=0.0, max_tokens=24, stop=[stop, "never"]),
+                            use_tqdm=False)[0].outputs[0]
+    assert (out.finish_reason, out.stop_reason) == ("stop", stop)
+    assert out.text == full.text[: full.text.index(stop)]
+    assert out.token_ids == full.token_ids[: len(out.token_ids)]
+    kept = tiny_llm.generate(PROMPTS[1], SamplingParams(temperature=0.0, max_tokens=24, stop=stop,
+                                                        include_stop_str_in_output=True), use_tqdm=False)[0]
+    assert kept.outputs[0].text == full.text[: full.text.index(stop) + len(stop)]
+
+
+def test_stop_token_ids_and_min_tokens(tiny_llm, greedy_outputs):
+    full = greedy_outputs[0].outputs[0].token_ids
+    stop_id = full[2]
+    out = tiny_llm.generate(PROMPTS[0], SamplingParams(temperature=0.0, max_tokens=24, stop_token_ids=[stop_id]),
+                            use_tqdm=False)[0].outputs[0]
+    first = full.index(stop_id)
+    assert out.token_ids == full[: first + 1] and (out.finish_reason, out.stop_reason) == ("stop", stop_id)
+    # The stop token is banned until min_tokens tokens exist, so the output cannot stop before.
+    late = tiny_llm.generate(PROMPTS[0], SamplingParams(temperature=0.0, max_tokens=24, min_tokens=first + 3,
+                                                        stop_token_ids=[stop_id]), use_tqdm=False)[0].outputs[0]
+    assert len(late.token_ids) >= first + 3 and stop_id not in late.token_ids[: first + 2]
+
+
+def test_eos_stops_unless_ignored(hf_checkpoint, tmp_path):
+    _, path = hf_checkpoint("llama_mha")
+    shutil.copytree(path, tmp_path / "m")
+    prompt = {"prompt_token_ids": [3, 1, 4, 1, 5]}
+    free = LLM(str(tmp_path / "m"), skip_tokenizer_init=True).generate(
+        prompt, SamplingParams(temperature=0, max_tokens=10), use_tqdm=False)[0].outputs[0].token_ids
+    eos = free[3]
+    (tmp_path / "m" / "generation_config.json").write_text(json.dumps({"eos_token_id": [eos, 99999]}))
+    llm = LLM(str(tmp_path / "m"), skip_tokenizer_init=True)
+    stopped = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=10), use_tqdm=False)[0].outputs[0]
+    assert stopped.token_ids == free[: free.index(eos) + 1] and stopped.finish_reason == "stop"
+    ignored = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=10, ignore_eos=True), use_tqdm=False)
+    assert ignored[0].outputs[0].token_ids == free
+
+
+def test_logprobs_hold_the_sampled_token_and_the_top_n(tiny_llm):
+    out = tiny_llm.generate(PROMPTS[0], SamplingParams(temperature=0.8, seed=3, max_tokens=8, logprobs=3),
+                            use_tqdm=False)[0].outputs[0]
+    assert len(out.logprobs) == len(out.token_ids)
+    for token, entry in zip(out.token_ids, out.logprobs):
+        assert token in entry and 3 <= len(entry) <= 4
+        assert sorted(lp.rank for lp in entry.values())[:3] == [1, 2, 3]
+        assert all(lp.logprob <= 0 and lp.decoded_token is not None for lp in entry.values())
+    assert out.cumulative_logprob == pytest.approx(sum(e[t].logprob for t, e in zip(out.token_ids, out.logprobs)))
+
+
+def test_a_seeded_request_is_independent_of_its_batch(tiny_llm):
+    seeded = SamplingParams(temperature=1.0, top_p=0.9, seed=42, max_tokens=16)
+    alone = tiny_llm.generate(PROMPTS[0], seeded, use_tqdm=False)[0].outputs[0].token_ids
+    companions = [SamplingParams(temperature=1.0, max_tokens=3), seeded,
+                  SamplingParams(temperature=0.7, seed=1, max_tokens=30)]
+    with_others = tiny_llm.generate([PROMPTS[2], PROMPTS[0], PROMPTS[1]], companions, use_tqdm=False)
+    assert with_others[1].outputs[0].token_ids == alone
+    unseeded = {tuple(tiny_llm.generate(PROMPTS[0], SamplingParams(temperature=1.0, max_tokens=16),
+                                        use_tqdm=False)[0].outputs[0].token_ids) for _ in range(3)}
+    assert len(unseeded) > 1, "sampling without a seed should vary between calls"
+
+
+def test_metrics_are_ordered(tiny_llm):
+    m = tiny_llm.generate(PROMPTS[0], GREEDY, use_tqdm=False)[0].metrics
+    assert m.arrival_time <= m.first_scheduled_time <= m.first_token_time <= m.last_token_time <= m.finished_time
+    assert m.time_in_queue >= 0
+
+
+def test_stream_yields_the_same_text_and_never_leaks_a_stop_string(tiny_llm, greedy_outputs):
+    pieces = list(tiny_llm.stream(PROMPTS[2], GREEDY))
+    assert len(pieces) > 3 and "".join(pieces) == greedy_outputs[2].outputs[0].text
+    full = greedy_outputs[2].outputs[0].text
+    stop = full[10:14]
+    params = SamplingParams(temperature=0.0, max_tokens=24, stop=stop)
+    streamed = ""
+    for piece in tiny_llm.stream(PROMPTS[2], params):
+        streamed += piece
+        assert stop not in streamed
+    assert streamed == full[: full.index(stop)]
+    assert_engine_idle(tiny_llm)
+
+
+def test_a_stream_abandoned_midway_is_aborted(tiny_llm):
+    stream = tiny_llm.stream(PROMPTS[0], SamplingParams(max_tokens=50))
+    next(stream)
+    stream.close()
+    assert_engine_idle(tiny_llm)
+
+
+def test_abort_frees_the_cache_and_leaves_others_unchanged(tiny_llm, greedy_outputs):
+    engine = tiny_llm.llm_engine
+    engine.add_request("keep", PROMPTS[1], GREEDY)
+    engine.add_request("drop", PROMPTS[2], GREEDY)
+    outputs = []
+    for step in range(30):
+        if step == 3:
+            engine.abort_request("drop")
+            assert set(engine.kv_cache.buffers) == {"keep"}
+        outputs += [o for o in engine.step() if o.finished]
+        if not engine.has_unfinished_requests():
+            break
+    assert [o.request_id for o in outputs] == ["keep"]
+    assert outputs[0].outputs[0].token_ids == greedy_outputs[1].outputs[0].token_ids
+    assert_engine_idle(tiny_llm)
+
+
+@pytest.mark.parametrize("prompt, message", [
+    ("", "prompt must not be empty"),
+    ({"prompt_token_ids": []}, "prompt must not be empty"),
+    ({"prompt_token_ids": [1] * 2048}, "prompt has 2048 tokens, but max_model_len is 2048"),
+    ({"prompt_token_ids": [1, 99999]}, r"prompt_token_ids must be in \[0, 4096\), got 99999"),
+    ({"prompt_token_ids": "abc"}, "prompt_token_ids must be a list of ints"),
+    (42, "prompt must be a string"),
+])
+def test_bad_prompts_are_refused_and_the_engine_keeps_serving(tiny_llm, greedy_outputs, prompt, message):
+    with pytest.raises(ValueError, match=message):
+        tiny_llm.generate([PROMPTS[0], prompt], GREEDY, use_tqdm=False)
+    assert_engine_idle(tiny_llm)  # the valid prompt of the rejected call was not queued either
+    again = tiny_llm.generate(PROMPTS[0], GREEDY, use_tqdm=False)[0]
+    assert again.outputs[0].token_ids == greedy_outputs[0].outputs[0].token_ids
+
+
+def test_bad_engine_arguments_name_the_argument():
+    with pytest.raises(ValueError, match="kv_cache must be one of"):
+        LLM("tiny", kv_cache="paged-ish")
+    with pytest.raises(ValueError, match="max_num_seqs must be an integer >= 1"):
+        LLM("tiny", max_num_seqs=0)
+    with pytest.raises(ValueError, match=r"max_model_len must be an integer in \[2, 2048\]"):
+        LLM("tiny", max_model_len=4096)
+    with pytest.raises(ValueError, match="dtype must be 'auto'"):
+        LLM("tiny", dtype="float8")
+    with pytest.raises(ValueError, match="sampling_params must be one SamplingParams or one per prompt"):
+        LLM("tiny").generate(PROMPTS, [GREEDY], use_tqdm=False)
+
+
+def test_max_model_len_caps_generation(tiny_llm):
+    llm = LLM("tiny", max_model_len=16)
+    out = llm.generate(PROMPTS[0], SamplingParams(max_tokens=100, ignore_eos=True), use_tqdm=False)[0]
+    assert out.outputs[0].finish_reason == "length"
+    assert len(out.prompt_token_ids) + len(out.outputs[0].token_ids) == 16
+
+
+def test_generate_reports_a_request_aborted_from_outside(tiny_llm):
+    engine = tiny_llm.llm_engine
+    engine.step_listeners.append(lambda event: engine.abort_request(event.seqs[0].request_id))
+    try:
+        with pytest.raises(RuntimeError, match=r"requests \['\d+'\] were aborted"):
+            tiny_llm.generate(PROMPTS[0], GREEDY, use_tqdm=False)
+    finally:
+        engine.step_listeners.clear()
+    assert_engine_idle(tiny_llm)
