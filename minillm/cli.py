@@ -44,6 +44,36 @@ def _bench_kv_cache(args) -> None:
     print(f"wrote {args.out}")
 
 
+def _bench_paged(args) -> None:
+    from minillm.bench.paged import MEMORY_COLUMNS, PREFIX_COLUMNS, bench_memory, bench_prefix_cache
+    from minillm.bench.report import format_table, write_json
+
+    engine_args = {"device": args.device, "dtype": args.dtype}
+    memory_rows, memory = bench_memory(args.model, args.num_requests, args.max_tokens, args.budget_blocks,
+                                       args.block_size, args.seed, **engine_args)
+    print(format_table(memory_rows, MEMORY_COLUMNS))
+    print(json.dumps(memory))
+    prefix_rows, prefix = bench_prefix_cache(args.model, args.prefix_requests, args.prefix_len, 16, args.seed,
+                                             **engine_args)
+    print(format_table(prefix_rows, PREFIX_COLUMNS))
+    print(json.dumps(prefix))
+    config = {k: v for k, v in vars(args).items() if k not in ("func", "out", "command", "benchmark")}
+    write_json(args.out, "paged", config, memory_rows + prefix_rows, {"memory": memory, "prefix_cache": prefix})
+    print(f"wrote {args.out}")
+
+
+def _bench_attention(args) -> None:
+    from minillm.bench.attention import DECODE_COLUMNS, PREFILL_COLUMNS, bench_attention
+    from minillm.bench.report import format_table, write_json
+
+    decode, prefill, summary = bench_attention(batch=args.batch)
+    print(format_table(decode, DECODE_COLUMNS))
+    print(format_table(prefill, PREFILL_COLUMNS))
+    print(json.dumps(summary))
+    write_json(args.out, "attention", {"batch": args.batch}, decode + prefill, summary)
+    print(f"wrote {args.out}")
+
+
 def _eval_perplexity(args) -> None:
     from minillm import LLM
     from minillm.eval.heldout import eval_token_ids
@@ -100,6 +130,21 @@ def build_parser() -> argparse.ArgumentParser:
     kv.add_argument("--decode-tokens", type=int, default=32)
     kv.add_argument("--out", type=Path, default=Path("bench-results/kv-cache.json"))
     kv.set_defaults(func=_bench_kv_cache)
+    paged = bench.add_parser("paged", help="paged against contiguous KV memory, and prefix caching")
+    model_args(paged)
+    paged.add_argument("--num-requests", type=int, default=48)
+    paged.add_argument("--max-tokens", type=int, default=512, help="the cap each request sets")
+    paged.add_argument("--block-size", type=int, default=16)
+    paged.add_argument("--budget-blocks", type=int, default=256, help="the fixed KV budget, in blocks")
+    paged.add_argument("--prefix-requests", type=int, default=32)
+    paged.add_argument("--prefix-len", type=int, default=256)
+    paged.add_argument("--seed", type=int, default=0)
+    paged.add_argument("--out", type=Path, default=Path("bench-results/paged.json"))
+    paged.set_defaults(func=_bench_paged)
+    attn = bench.add_parser("attention", help="Triton attention kernels against memory bandwidth and SDPA (CUDA)")
+    attn.add_argument("--batch", type=int, default=8)
+    attn.add_argument("--out", type=Path, default=Path("bench-results/attention.json"))
+    attn.set_defaults(func=_bench_attention)
 
     ev = sub.add_parser("eval", help="model quality").add_subparsers(dest="evaluation", required=True)
     ppl = ev.add_parser("perplexity", help="perplexity on held-out text")

@@ -9,9 +9,13 @@ from collections.abc import Callable
 import torch
 
 from minillm.attention import ContiguousAttention, NoCacheAttention
+from minillm.attention.paged import PagedAttention
+from minillm.attention.selector import resolve_attention_backend
+from minillm.block_manager import BlockManager
 from minillm.config import ModelConfig
 from minillm.device import device_memory_bytes, resolve_device, resolve_dtype
 from minillm.kv_cache import ContiguousKVCache
+from minillm.kv_pool import KVPool, resolve_num_kv_blocks
 from minillm.loader import load_model, load_tokenizer, resolve_model_path
 from minillm.model_runner import ModelRunner
 from minillm.output_processor import OutputProcessor
@@ -21,16 +25,21 @@ from minillm.scheduler import ScheduledBatch, Scheduler
 from minillm.sequence import Sequence
 from minillm.trace import SeqState, StepEvent, TraceInfo
 
-KV_CACHE_MODES = ("contiguous", "none")
+KV_CACHE_MODES = ("paged", "contiguous", "none")
 PromptType = str | dict
 
 
 class LLMEngine:
     def __init__(self, model: str, *, dtype: str | torch.dtype = "auto", device: str | None = None,
                  skip_tokenizer_init: bool = False, max_num_seqs: int = 256,
-                 max_model_len: int | None = None, kv_cache: str = "contiguous", seed: int = 0) -> None:
+                 max_model_len: int | None = None, kv_cache: str = "paged", block_size: int = 16,
+                 num_kv_blocks: int | None = None, gpu_memory_utilization: float = 0.9,
+                 enable_prefix_caching: bool = True, attention_backend: str = "auto", seed: int = 0) -> None:
         if kv_cache not in KV_CACHE_MODES:
             raise ValueError(f"kv_cache must be one of {KV_CACHE_MODES}, got {kv_cache!r}")
+        if isinstance(block_size, bool) or not isinstance(block_size, int) or not (
+                1 <= block_size <= 1024 and block_size & (block_size - 1) == 0):
+            raise ValueError(f"block_size must be a power of two in [1, 1024], got {block_size!r}")
         if isinstance(max_num_seqs, bool) or not isinstance(max_num_seqs, int) or max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be an integer >= 1, got {max_num_seqs!r}")
         if isinstance(seed, bool) or not isinstance(seed, int):
@@ -41,16 +50,32 @@ class LLMEngine:
         self.max_model_len = _resolve_max_model_len(max_model_len, config)
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, config.checkpoint_dtype, self.device)
+        kernel = resolve_attention_backend(attention_backend, self.device, block_size)
+        if attention_backend == "triton" and kv_cache != "paged":
+            raise ValueError(f"attention_backend='triton' needs kv_cache='paged', got kv_cache={kv_cache!r}")
         self.tokenizer = None if skip_tokenizer_init else load_tokenizer(path)
         self.model = load_model(path, config, self.dtype, self.device)
         eos = set(config.eos_token_ids)
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
             eos.add(self.tokenizer.eos_token_id)
         self.eos_token_ids = frozenset(eos)
-        self.kv_cache = ContiguousKVCache(config, self.dtype, self.device) if kv_cache == "contiguous" else None
-        backend = ContiguousAttention() if kv_cache == "contiguous" else NoCacheAttention()
+        self.block_manager = None
+        if kv_cache == "none":
+            self.kv_cache, backend = None, NoCacheAttention()
+        else:
+            # Both caches get the same budget, so that they can be compared on equal memory.
+            num_blocks = resolve_num_kv_blocks(
+                num_kv_blocks, gpu_memory_utilization, config=config, block_size=block_size, dtype=self.dtype,
+                device=self.device, max_model_len=self.max_model_len, max_num_seqs=max_num_seqs)
+            if kv_cache == "paged":
+                self.kv_cache = KVPool(config, num_blocks, block_size, self.dtype, self.device)
+                self.block_manager = BlockManager(num_blocks, block_size, enable_prefix_caching)
+                backend = PagedAttention(self.kv_cache, kernel, config.head_dim)
+            else:
+                self.kv_cache = ContiguousKVCache(config, self.dtype, self.device, num_blocks * block_size)
+                backend = ContiguousAttention()
         self.model_runner = ModelRunner(self.model, backend, self.kv_cache, self.device, seed)
-        self.scheduler = Scheduler(max_num_seqs, self.kv_cache)
+        self.scheduler = Scheduler(max_num_seqs, None if self.block_manager else self.kv_cache, self.block_manager)
         self.output_processor = OutputProcessor(self.tokenizer)
         self.step_listeners: list[Callable[[StepEvent], None]] = []  # see trace.py
         self.num_steps = 0
@@ -84,14 +109,16 @@ class LLMEngine:
         sampled = self.model_runner.run(batch)
         for seq, n in zip(batch.seqs, batch.num_new_tokens):
             seq.num_computed_tokens += n if self.kv_cache is not None else 0
+            if self.block_manager is not None:
+                self.block_manager.cache_full_blocks(seq)
         outputs = self.output_processor.process(batch.seqs, sampled)
-        event = self._step_event(batch) if self.step_listeners else None
+        states = self._seq_states(batch) if self.step_listeners else None
         for seq in batch.seqs:
             if seq.finish_reason is not None:
                 self.scheduler.finish(seq)
+        if states is not None:
+            self._notify(self._step_event(states, batch))
         self.num_steps += 1
-        if event is not None:
-            self._notify(event)
         return outputs
 
     def _notify(self, event: StepEvent) -> None:
@@ -111,19 +138,32 @@ class LLMEngine:
             kv_cache=self.model_runner.attn_backend.name,
             kv_bytes_per_token=self.model_config.kv_bytes_per_token(self.dtype.itemsize),
             device_memory_bytes=device_memory_bytes(self.device), max_model_len=self.max_model_len,
-            max_num_seqs=self.scheduler.max_num_seqs)
+            max_num_seqs=self.scheduler.max_num_seqs,
+            block_size=self.block_manager.block_size if self.block_manager else 0,
+            num_kv_blocks=self.block_manager.num_blocks if self.block_manager else 0)
 
-    def _step_event(self, batch: ScheduledBatch) -> StepEvent:
+    def _seq_states(self, batch: ScheduledBatch) -> tuple[SeqState, ...]:
         states = []
         for seq, n in zip(batch.seqs, batch.num_new_tokens):
             start = seq.num_tokens - 1 - n  # first position computed this step (before the new token)
             prefill = max(0, min(start + n, seq.num_prompt_tokens) - start)
+            if self.block_manager is not None:
+                reserved = len(seq.block_table) * self.block_manager.block_size
+            else:
+                reserved = seq.max_len if self.kv_cache is not None else 0
             states.append(SeqState(
                 request_id=seq.request_id, prefill_tokens=prefill, decode_tokens=n - prefill,
-                kv_tokens=seq.num_computed_tokens,
-                kv_reserved_tokens=seq.max_len if self.kv_cache is not None else 0,
-                finish_reason=seq.finish_reason))
-        return StepEvent(step=self.num_steps, seqs=tuple(states), num_waiting=len(self.scheduler.waiting))
+                kv_tokens=seq.num_computed_tokens, kv_reserved_tokens=reserved, finish_reason=seq.finish_reason,
+                block_table=tuple(seq.block_table), num_cached_tokens=seq.num_cached_tokens))
+        return tuple(states)
+
+    def _step_event(self, states: tuple[SeqState, ...], batch: ScheduledBatch) -> StepEvent:
+        """The step as the widgets see it, once finished sequences have given their blocks back."""
+        blocks = self.block_manager
+        return StepEvent(step=self.num_steps, seqs=states, num_waiting=len(self.scheduler.waiting),
+                         num_free_blocks=blocks.num_free_blocks if blocks else 0,
+                         cached_blocks=tuple(sorted(blocks.cached_block_ids.values())) if blocks else (),
+                         preempted=tuple(s.request_id for s in batch.preempted))
 
     def process_prompt(self, prompt: PromptType) -> tuple[str | None, list[int]]:
         """Validate a prompt and tokenize it: a string, {"prompt": str} or {"prompt_token_ids": [...]}."""

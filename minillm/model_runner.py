@@ -8,6 +8,7 @@ import torch
 
 from minillm.attention import AttentionBackend, AttentionMetadata, NoCacheAttention
 from minillm.kv_cache import ContiguousKVCache
+from minillm.kv_pool import KVPool
 from minillm.layers.sampler import Sampler, SamplerOutput, SamplingMetadata
 from minillm.models.llama import LlamaForCausalLM
 from minillm.scheduler import ScheduledBatch
@@ -15,7 +16,7 @@ from minillm.scheduler import ScheduledBatch
 
 class ModelRunner:
     def __init__(self, model: LlamaForCausalLM, attn_backend: AttentionBackend,
-                 kv_cache: ContiguousKVCache | None, device: torch.device, seed: int) -> None:
+                 kv_cache: ContiguousKVCache | KVPool | None, device: torch.device, seed: int) -> None:
         self.model = model
         self.attn_backend = attn_backend
         self.kv_cache = kv_cache
@@ -34,15 +35,37 @@ class ModelRunner:
             positions += range(start, start + n)
             query_start_loc.append(query_start_loc[-1] + n)
             start_pos.append(start)
-        metadata = AttentionMetadata(
-            query_start_loc=query_start_loc, start_pos=start_pos,
-            kv_buffers=[self.kv_cache.buffer(s) for s in batch.seqs] if self.kv_cache else [])
+        metadata = AttentionMetadata(query_start_loc=query_start_loc, start_pos=start_pos)
+        if isinstance(self.kv_cache, ContiguousKVCache):
+            metadata.kv_buffers = [self.kv_cache.buffer(s) for s in batch.seqs]
+        elif isinstance(self.kv_cache, KVPool):
+            self._add_paged_metadata(metadata, batch)
         hidden = self.model(torch.tensor(input_ids, device=self.device),
                             torch.tensor(positions, device=self.device),
                             functools.partial(self.attn_backend.forward, metadata=metadata))
         last_token_rows = torch.tensor(query_start_loc[1:], device=self.device) - 1
         logits = self.model.compute_logits(hidden[last_token_rows])
         return self.sampler(logits, SamplingMetadata.from_seqs(batch.seqs, self.device))
+
+    def _add_paged_metadata(self, metadata: AttentionMetadata, batch: ScheduledBatch) -> None:
+        block_size = self.kv_cache.block_size
+        slots: list[int] = []
+        for seq, n, start in zip(batch.seqs, batch.num_new_tokens, metadata.start_pos):
+            table = seq.block_table
+            slots += (table[p // block_size] * block_size + p % block_size for p in range(start, start + n))
+        width = max(len(seq.block_table) for seq in batch.seqs)
+        tables = [seq.block_table + [0] * (width - len(seq.block_table)) for seq in batch.seqs]
+
+        def tensor(values) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.int32, device=self.device)
+
+        metadata.slot_mapping = tensor(slots)
+        metadata.block_tables = tensor(tables)
+        seq_lens = [start + n for start, n in zip(metadata.start_pos, batch.num_new_tokens)]
+        metadata.seq_lens = tensor(seq_lens)
+        metadata.max_seq_len = max(seq_lens)
+        metadata.cu_seqlens_q = tensor(metadata.query_start_loc)
+        metadata.max_query_len = max(batch.num_new_tokens)
 
 
 @torch.inference_mode()

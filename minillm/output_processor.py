@@ -126,4 +126,5 @@ class OutputProcessor:
             finish_reason=seq.finish_reason, stop_reason=seq.stop_reason)
         return RequestOutput(request_id=seq.request_id, prompt=seq.prompt,
                              prompt_token_ids=seq.prompt_token_ids, outputs=[completion],
-                             finished=seq.finish_reason is not None, metrics=seq.metrics)
+                             finished=seq.finish_reason is not None, metrics=seq.metrics,
+                             num_cached_tokens=seq.num_cached_tokens)

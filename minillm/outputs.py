@@ -49,6 +49,7 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool
     metrics: RequestMetrics | None = None
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
 
     def __repr__(self) -> str:
         out = self.outputs[0]

@@ -32,6 +32,8 @@ class Sequence:
         self.generator = generator
         self.status = SequenceStatus.WAITING
         self.num_computed_tokens = 0  # tokens whose K/V are in the cache
+        self.block_table: list[int] = []  # paged cache: the pool blocks holding this sequence's K/V
+        self.num_cached_tokens = 0  # prompt tokens found in the prefix cache instead of computed
         self.output_text = ""
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None

@@ -23,6 +23,8 @@ class SeqState:
     kv_tokens: int  # tokens whose K/V are held in the cache after this step
     kv_reserved_tokens: int  # cache capacity reserved for this sequence, in tokens
     finish_reason: str | None = None  # set in the step the sequence finished
+    block_table: tuple[int, ...] = ()  # paged cache: pool blocks holding this sequence's K/V, in order
+    num_cached_tokens: int = 0  # paged cache: prompt tokens that were prefix-cache hits
 
 
 @dataclass(frozen=True)
@@ -30,6 +32,9 @@ class StepEvent:
     step: int
     seqs: tuple[SeqState, ...]
     num_waiting: int  # requests still queued after this step
+    num_free_blocks: int = 0  # paged cache, after this step: blocks no sequence holds
+    cached_blocks: tuple[int, ...] = ()  # paged cache: blocks holding a reusable prefix (held or free)
+    preempted: tuple[str, ...] = ()  # requests sent back to the queue by this step
 
     @property
     def kv_tokens(self) -> int:
@@ -52,6 +57,8 @@ class TraceInfo:
     device_memory_bytes: int
     max_model_len: int
     max_num_seqs: int
+    block_size: int = 0  # paged cache only
+    num_kv_blocks: int = 0  # paged cache only
 
 
 @dataclass

@@ -10,6 +10,11 @@ os.environ.setdefault("TQDM_DISABLE", "1")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+# Triton reads this when a kernel is defined: set before anything imports minillm.kernels, so that
+# without a GPU every kernel runs (and is tested) in Triton's CPU interpreter.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 from minillm.loader import SHIPPED_MODELS  # noqa: E402
 
 # Small shapes of each supported family; the keys name what each one exercises.

@@ -10,7 +10,7 @@ from minillm.trace import record
 
 @pytest.fixture(scope="module")
 def llm(hf_checkpoint):
-    return LLM(str(hf_checkpoint("llama_gqa_tied")[1]), skip_tokenizer_init=True)
+    return LLM(str(hf_checkpoint("llama_gqa_tied")[1]), skip_tokenizer_init=True, kv_cache="contiguous")
 
 
 def test_events_for_a_contiguous_cache(llm):
@@ -29,6 +29,24 @@ def test_events_for_a_contiguous_cache(llm):
     info = trace.info
     assert info.kv_cache == "contiguous" and info.kv_bytes_per_token == 2 * 2 * 2 * 8 * 4
     assert "steps=5, requests=2" in repr(trace)
+
+
+def test_events_for_a_paged_cache_show_blocks_and_prefix_hits(hf_checkpoint):
+    llm = LLM(str(hf_checkpoint("llama_gqa_tied")[1]), skip_tokenizer_init=True, block_size=4, num_kv_blocks=16,
+              max_model_len=32)
+    params = SamplingParams(max_tokens=3, ignore_eos=True)
+    with record(llm) as trace:
+        llm.generate({"prompt_token_ids": [1] * 9}, params, use_tqdm=False)
+        again = llm.generate({"prompt_token_ids": [1] * 9}, params, use_tqdm=False)[0]
+    assert (trace.info.kv_cache, trace.info.block_size, trace.info.num_kv_blocks) == ("paged", 4, 16)
+    first, repeat = trace.events[0], trace.events[3]
+    state = first.seqs[0]
+    assert (state.prefill_tokens, state.kv_tokens, state.kv_reserved_tokens, len(state.block_table)) == (9, 9, 12, 3)
+    assert first.num_free_blocks == 13 and first.cached_blocks == tuple(sorted(state.block_table[:2]))
+    assert trace.events[2].num_free_blocks == 16  # finished: every block back, the prefix still cached
+    state = repeat.seqs[0]
+    assert again.num_cached_tokens == state.num_cached_tokens == 8
+    assert state.prefill_tokens == 1 and state.block_table[:2] == first.seqs[0].block_table[:2]
 
 
 def test_events_without_a_cache_show_the_recomputation(hf_checkpoint):

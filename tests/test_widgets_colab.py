@@ -16,6 +16,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 COLAB_WIDGETS = ROOT / ".venv-colab-widgets"
 COLAB_VERSIONS = {"ipywidgets": "7.7.1", "plotly": "5.24.1"}
+WIDGET_TESTS = ("test_widgets.py", "test_widget_block_pool.py")
 
 # Checked in the same interpreter that then runs the tests, so they surely ran on these versions;
 # on Colab's versions FigureWidget is an ipywidgets widget, not an anywidget one.
@@ -25,7 +26,7 @@ import plotly.graph_objects as go
 found = {{"ipywidgets": ipywidgets.__version__, "plotly": plotly.__version__}}
 assert found == {COLAB_VERSIONS!r}, f"expected Colab's versions, found {{found}}"
 assert isinstance(go.FigureWidget(), ipywidgets.DOMWidget)
-sys.exit(pytest.main(["-q", "-p", "no:cacheprovider", {str(ROOT / "tests" / "test_widgets.py")!r}]))
+sys.exit(pytest.main(["-q", "-p", "no:cacheprovider", *{[str(ROOT / "tests" / f) for f in WIDGET_TESTS]!r}]))
 """
 
 

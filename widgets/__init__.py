@@ -3,26 +3,28 @@ simulate the engine.
 
 Two layers:
 - pure figures, `trace -> plotly go.Figure`, deterministic and free of ipywidgets:
-  `cache_growth_figure`; built on timeseries.py (per-step columns, shared axes and lines),
+  `cache_growth_figure`, `block_pool_figure`; built on timeseries.py (per-step columns, shared axes and lines),
   colors.py (one colour per request id) and formatting.py (`format_bytes`, `format_percent`);
 - live views, ipywidgets that follow an engine while `generate` runs or show a recorded trace:
-  `CacheGrowth`; built on live.py (listener, throttled redraw, step slider) and figure_host.py
+  `CacheGrowth`, `BlockPool`; built on live.py (listener, throttled redraw, step slider) and figure_host.py
   (plotly FigureWidget, or an Output fallback).
 
 Adding a view, e.g. DraftAcceptance: a pure `draft_acceptance_figure(trace, *, step=None)` from
 `per_step` / `step_figure` / `total_line`; then `class DraftAcceptance(LiveView)` with its
 `figure(step)` calling it. BatchSlots (slots x steps) reuses `upto`, `per_request` and
-`request_color` for a heatmap; BlockPool (a grid of blocks coloured by owner) reuses
-`request_color`, `format_bytes` and LiveView, whose step slider then picks the step to show.
+`request_color` for a heatmap, as BlockPool reuses `request_color`, `format_bytes` and LiveView,
+whose step slider picks the step to show.
 
 Live views are imported lazily, so the pure layer works without ipywidgets.
 """
 
+from .block_pool import block_pool_figure
 from .cache_growth import cache_growth_figure
 from .colors import request_color
 from .formatting import format_bytes, format_percent
 
-__all__ = ["CacheGrowth", "cache_growth_figure", "format_bytes", "format_percent", "request_color"]
+__all__ = ["BlockPool", "CacheGrowth", "block_pool_figure", "cache_growth_figure", "format_bytes", "format_percent",
+           "request_color"]
 
 
 def __getattr__(name: str):
@@ -30,4 +32,8 @@ def __getattr__(name: str):
         from .cache_growth_view import CacheGrowth
 
         return CacheGrowth
+    if name == "BlockPool":
+        from .block_pool_view import BlockPool
+
+        return BlockPool
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

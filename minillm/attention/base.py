@@ -18,6 +18,13 @@ class AttentionMetadata:
     start_pos: list[int]
     # Contiguous cache only: one [num_layers, 2, capacity, num_kv_heads, head_dim] buffer per sequence.
     kv_buffers: list[torch.Tensor] = field(default_factory=list)
+    # Paged cache only (see kernels/reference.py for the layout).
+    slot_mapping: torch.Tensor | None = None  # [tokens]: where each new token's K/V go in the pool
+    block_tables: torch.Tensor | None = None  # [num_seqs, max_blocks] int32
+    seq_lens: torch.Tensor | None = None  # [num_seqs] int32: cached + new tokens
+    cu_seqlens_q: torch.Tensor | None = None  # [num_seqs + 1] int32: query_start_loc on the device
+    max_query_len: int = 0
+    max_seq_len: int = 0
 
     @property
     def num_seqs(self) -> int:

@@ -140,7 +140,7 @@ def check_engine(append_and_attend: Callable, llm: LLM) -> None:
     backend = llm.llm_engine.model_runner.attn_backend
     if not isinstance(backend, ContiguousAttention):
         raise CheckFailed(f"this check plugs your function into the contiguous KV cache, but the LLM uses "
-                          f"{backend.name!r}: create it with kv_cache='contiguous' (the default)")
+                          f"{backend.name!r}: create it with LLM(model, kv_cache='contiguous')")
     compared = check_generation(llm, backend, "cache_attention", reference.append_and_attend,
                                 append_and_attend, "append_and_attend")
     print(f"check_engine passed: with your append_and_attend in the engine, {compared}")

@@ -1,0 +1,53 @@
+"""Paged attention: K/V live in the block pool; a step writes its new K/V through the slot mapping,
+then attends by reading each sequence's blocks through its block table.
+
+Two kernels do the reading: decode (every sequence brings one query) and prefill (a ragged batch
+of several queries per sequence, attending to their cached prefix and causally to each other). The
+`torch` implementation is the readable reference; `triton` runs the kernels in minillm/kernels.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch
+
+from minillm.attention.base import AttentionMetadata
+from minillm.kv_pool import KVPool
+
+
+def load_ops(kernel: str) -> SimpleNamespace:
+    if kernel == "triton":
+        # Imported here: the kernel modules need triton, which the torch path never does.
+        from minillm.kernels.paged_decode import paged_decode_attention
+        from minillm.kernels.paged_prefill import paged_prefill_attention
+        from minillm.kernels.store_kv import store_kvcache
+    else:
+        from minillm.kernels.reference import (
+            paged_decode_attention_ref as paged_decode_attention,
+            paged_prefill_attention_ref as paged_prefill_attention,
+            store_kvcache_ref as store_kvcache,
+        )
+    return SimpleNamespace(store_kvcache=store_kvcache, paged_decode_attention=paged_decode_attention,
+                           paged_prefill_attention=paged_prefill_attention)
+
+
+class PagedAttention:
+    name = "paged"
+
+    def __init__(self, kv_pool: KVPool, kernel: str, head_dim: int) -> None:
+        self.kv_pool = kv_pool
+        self.kernel = kernel  # "torch" or "triton"
+        self.ops = load_ops(kernel)
+        self.scale = head_dim ** -0.5
+
+    def forward(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                metadata: AttentionMetadata) -> torch.Tensor:
+        k_cache, v_cache = self.kv_pool.kv_caches[layer_idx]
+        self.ops.store_kvcache(k, v, k_cache, v_cache, metadata.slot_mapping)
+        if metadata.max_query_len == 1:
+            return self.ops.paged_decode_attention(q, k_cache, v_cache, metadata.block_tables, metadata.seq_lens,
+                                                   self.scale, max_seq_len=metadata.max_seq_len)
+        return self.ops.paged_prefill_attention(q, k_cache, v_cache, metadata.cu_seqlens_q, metadata.seq_lens,
+                                                metadata.block_tables, self.scale,
+                                                max_query_len=metadata.max_query_len)

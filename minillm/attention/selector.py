@@ -1,0 +1,34 @@
+"""Which attention kernels run: `attention_backend="auto"|"torch"|"triton"`."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from minillm.device import triton_status
+
+ATTENTION_BACKENDS = ("auto", "torch", "triton")
+
+
+def resolve_attention_backend(name: str, device: torch.device, block_size: int) -> str:
+    """`auto` is Triton on a CUDA GPU where Triton runs, PyTorch elsewhere (Triton's CPU interpreter
+    is exact but far too slow to serve with; ask for it by name to study the kernels)."""
+    if name not in ATTENTION_BACKENDS:
+        raise ValueError(f"attention_backend must be one of {ATTENTION_BACKENDS}, got {name!r}")
+    triton_ok, reason = triton_status()
+    if name == "auto":
+        return "triton" if device.type == "cuda" and triton_ok else "torch"
+    if name == "triton":
+        if not triton_ok:
+            raise ValueError(f"attention_backend='triton' cannot run here: {reason}")
+        if device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+            raise ValueError("attention_backend='triton' on the CPU runs in Triton's interpreter: set "
+                             "TRITON_INTERPRET=1 before minillm is imported, or use a CUDA GPU")
+        if device.type == "mps":
+            raise ValueError("attention_backend='triton' cannot run on mps: Triton targets CUDA GPUs "
+                             "(and the CPU through TRITON_INTERPRET=1)")
+        if block_size < 16:
+            raise ValueError(f"attention_backend='triton' needs block_size >= 16 (its tiles feed tl.dot), "
+                             f"got {block_size}")
+    return name

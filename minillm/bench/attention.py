@@ -1,0 +1,104 @@
+"""`minillm bench attention` (CUDA only): the Triton attention kernels against the hardware.
+
+Decode reads every cached K and V once per step and does little arithmetic, so its ceiling is
+memory bandwidth: the table reports the kernel's achieved GB/s (bytes of K, V and q read, output
+written, over time) against the copy bandwidth measured on the same device in the same run.
+Prefill is compute-bound: the ragged paged kernel against PyTorch's scaled_dot_product_attention
+on the same tokens held contiguously (which needs no block table, so it is the harder baseline).
+"""
+
+from __future__ import annotations
+
+import torch
+
+DECODE_COLUMNS = [("batch", "batch"), ("context", "context"), ("ms", "ms"), ("GB_s", "GB/s"),
+                  ("of_copy_bw", "of copy bandwidth"), ("max_abs_err", "max |err| vs torch")]
+PREFILL_COLUMNS = [("tokens", "tokens"), ("triton_ms", "triton ms"), ("sdpa_ms", "SDPA ms"),
+                   ("speed_vs_sdpa", "SDPA time / triton time"), ("max_abs_err", "max |err| vs SDPA")]
+
+
+def cuda_time(fn, repeats: int = 20) -> float:
+    """Median seconds per call, measured with CUDA events after a warm-up."""
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / 1000)
+    return sorted(times)[len(times) // 2]
+
+
+def copy_bandwidth(num_bytes: int = 2 << 30) -> float:
+    """Bytes per second of a device-to-device copy (read + write both counted)."""
+    src = torch.empty(num_bytes // 2, dtype=torch.float16, device="cuda")
+    dst = torch.empty_like(src)
+    return 2 * num_bytes / cuda_time(lambda: dst.copy_(src))
+
+
+def paged_inputs(batch: int, context: int, num_kv_heads: int, group: int, head_dim: int, block_size: int,
+                 dtype: torch.dtype):
+    blocks_per_seq = -(-context // block_size)
+    num_blocks = batch * blocks_per_seq
+    k_cache = torch.randn(num_blocks, block_size, num_kv_heads, head_dim, dtype=dtype, device="cuda")
+    v_cache = torch.randn_like(k_cache)
+    tables = torch.randperm(num_blocks, device="cuda").view(batch, blocks_per_seq).to(torch.int32)
+    lens = torch.full((batch,), context, dtype=torch.int32, device="cuda")
+    return k_cache, v_cache, tables, lens
+
+
+def bench_attention(contexts=(4096, 8192, 16384, 32768), batch: int = 8, num_kv_heads: int = 8, group: int = 4,
+                    head_dim: int = 128, block_size: int = 16, prefill_tokens=(512, 2048, 4096),
+                    dtype: torch.dtype = torch.float16) -> tuple[list[dict], list[dict], dict]:
+    if not torch.cuda.is_available():
+        raise ValueError("minillm bench attention measures the Triton kernels on a CUDA GPU; none is visible")
+    from minillm.kernels.paged_decode import paged_decode_attention
+    from minillm.kernels.paged_prefill import paged_prefill_attention
+    from minillm.kernels.reference import paged_decode_attention_ref
+
+    copy_bw = copy_bandwidth()
+    scale = head_dim ** -0.5
+    decode_rows = []
+    for context in contexts:
+        k_cache, v_cache, tables, lens = paged_inputs(batch, context, num_kv_heads, group, head_dim, block_size,
+                                                      dtype)
+        q = torch.randn(batch, num_kv_heads * group, head_dim, dtype=dtype, device="cuda")
+        seconds = cuda_time(lambda: paged_decode_attention(q, k_cache, v_cache, tables, lens, scale,
+                                                           max_seq_len=context))
+        moved = 2 * k_cache.numel() * k_cache.element_size() + 2 * q.numel() * q.element_size()
+        err = (paged_decode_attention(q, k_cache, v_cache, tables, lens, scale).float()
+               - paged_decode_attention_ref(q.float(), k_cache.float(), v_cache.float(), tables, lens, scale)).abs()
+        decode_rows.append({"batch": batch, "context": context, "ms": seconds * 1e3, "GB_s": moved / seconds / 1e9,
+                            "of_copy_bw": moved / seconds / copy_bw, "max_abs_err": err.max().item()})
+        del k_cache, v_cache
+
+    prefill_rows = []
+    heads = num_kv_heads * group
+    for tokens in prefill_tokens:
+        k_cache, v_cache, tables, lens = paged_inputs(1, tokens, num_kv_heads, group, head_dim, block_size, dtype)
+        q = torch.randn(tokens, heads, head_dim, dtype=dtype, device="cuda")
+        cu = torch.tensor([0, tokens], dtype=torch.int32, device="cuda")
+        # The same K/V, contiguous and expanded to every query head, as SDPA takes them.
+        order = tables[0].long()
+        k = k_cache[order].flatten(0, 1)[:tokens].transpose(0, 1).repeat_interleave(group, 0)
+        v = v_cache[order].flatten(0, 1)[:tokens].transpose(0, 1).repeat_interleave(group, 0)
+        qs = q.transpose(0, 1)
+
+        def sdpa():
+            return torch.nn.functional.scaled_dot_product_attention(qs, k, v, is_causal=True, scale=scale)
+
+        def triton():
+            return paged_prefill_attention(q, k_cache, v_cache, cu, lens, tables, scale, max_query_len=tokens)
+
+        t_triton, t_sdpa = cuda_time(triton), cuda_time(sdpa)
+        err = (triton().float() - sdpa().transpose(0, 1).float()).abs().max().item()
+        prefill_rows.append({"tokens": tokens, "triton_ms": t_triton * 1e3, "sdpa_ms": t_sdpa * 1e3,
+                             "speed_vs_sdpa": t_sdpa / t_triton, "max_abs_err": err})
+    summary = {"device": torch.cuda.get_device_name(), "copy_GB_s": copy_bw / 1e9, "dtype": str(dtype),
+               "min_decode_fraction_of_copy_bw": min(r["of_copy_bw"] for r in decode_rows),
+               "prefill_speed_vs_sdpa_at_2048": next((r["speed_vs_sdpa"] for r in prefill_rows
+                                                      if r["tokens"] == 2048), None)}
+    return decode_rows, prefill_rows, summary

@@ -1,0 +1,127 @@
+"""Paged decode attention, split-KV (Flash-Decoding), in Triton (reference:
+`reference.paged_decode_attention_ref`).
+
+At decode every sequence has a single query, so one program per (sequence, head) would leave most
+of a GPU idle on a small batch with long contexts. Split-KV cuts each sequence's context into
+partitions that run in parallel; each partition returns its partial output with the log-sum-exp of
+its scores, and a second kernel merges the partitions exactly: a softmax over the partitions' lse
+weights their outputs.
+
+Grouped-query attention: a program handles all query heads that share one KV head, so each K/V
+block is read from memory once per group instead of once per query head. Decode reads the whole KV
+cache every step and is bound by memory bandwidth, which is why that matters.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from minillm.kernels import dot_precision
+from minillm.kernels.tiles import load_kv_tile, online_softmax_step
+
+
+@triton.jit
+def _decode_partition_kernel(
+        q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, out_ptr, lse_ptr, scale,
+        stride_q_seq, stride_q_head, stride_cache_block, stride_cache_slot, stride_cache_head,
+        stride_table_seq, stride_out_seq, stride_out_head, stride_out_part, stride_lse_seq, stride_lse_head,
+        GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr,
+        BLOCK_SIZE: tl.constexpr, PARTITION: tl.constexpr, TILE_N: tl.constexpr, PRECISION: tl.constexpr):
+    seq = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    part = tl.program_id(2)
+    seq_len = tl.load(seq_lens_ptr + seq)
+
+    offs_g = tl.arange(0, GROUP_PAD)
+    offs_d = tl.arange(0, DIM_PAD)
+    offs_t = tl.arange(0, TILE_N)
+    heads = kv_head * GROUP + offs_g
+    mask_g = offs_g < GROUP
+    mask_d = offs_d < HEAD_DIM
+    q = tl.load(q_ptr + seq * stride_q_seq + heads[:, None] * stride_q_head + offs_d[None, :],
+                mask=mask_g[:, None] & mask_d[None, :], other=0.0)
+
+    m = tl.full([GROUP_PAD], float("-inf"), tl.float32)  # running max of the scores
+    denom = tl.zeros([GROUP_PAD], tl.float32)  # running sum of exp(score - m)
+    acc = tl.zeros([GROUP_PAD, DIM_PAD], tl.float32)
+    end = tl.minimum(seq_len, (part + 1) * PARTITION)
+    # Tiles of TILE_N tokens that may span several blocks: each token finds its block through the
+    # table, so a tile is one gathered load, however small the blocks.
+    for start in range(part * PARTITION, end, TILE_N):
+        pos = start + offs_t
+        mask_t = pos < end
+        k, v = load_kv_tile(k_cache_ptr, v_cache_ptr, block_tables_ptr + seq * stride_table_seq, pos, mask_t,
+                            kv_head, offs_d, mask_d, stride_cache_block, stride_cache_slot, stride_cache_head,
+                            BLOCK_SIZE)
+        m, denom, acc = online_softmax_step(q, k, v, mask_t[None, :], m, denom, acc, scale, PRECISION)
+
+    # A partition past the end of a short sequence saw no key: it reports lse = -inf and weighs nothing.
+    has_keys = denom > 0
+    out = acc / tl.where(has_keys, denom, 1.0)[:, None]
+    lse = tl.where(has_keys, m + tl.log(tl.where(has_keys, denom, 1.0)), float("-inf"))
+    tl.store(out_ptr + seq * stride_out_seq + heads[:, None] * stride_out_head + part * stride_out_part
+             + offs_d[None, :], out, mask=mask_g[:, None] & mask_d[None, :])
+    tl.store(lse_ptr + seq * stride_lse_seq + heads * stride_lse_head + part, lse, mask=mask_g)
+
+
+@triton.jit
+def _merge_partitions_kernel(
+        part_out_ptr, lse_ptr, out_ptr, stride_part_seq, stride_part_head, stride_part_part,
+        stride_lse_seq, stride_lse_head, stride_out_seq, stride_out_head,
+        NUM_PARTS: tl.constexpr, PARTS_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr):
+    seq = tl.program_id(0)
+    head = tl.program_id(1)
+    offs_p = tl.arange(0, PARTS_PAD)
+    offs_d = tl.arange(0, DIM_PAD)
+    mask_p = offs_p < NUM_PARTS
+    mask_d = offs_d < HEAD_DIM
+    lse = tl.load(lse_ptr + seq * stride_lse_seq + head * stride_lse_head + offs_p, mask=mask_p,
+                  other=float("-inf"))
+    weights = tl.exp(lse - tl.max(lse, 0))  # partition 0 always has keys, so the max is finite
+    weights = weights / tl.sum(weights, 0)
+    parts = tl.load(part_out_ptr + seq * stride_part_seq + head * stride_part_head
+                    + offs_p[:, None] * stride_part_part + offs_d[None, :],
+                    mask=mask_p[:, None] & mask_d[None, :], other=0.0)
+    out = tl.sum(parts * weights[:, None], 0)
+    tl.store(out_ptr + seq * stride_out_seq + head * stride_out_head + offs_d,
+             out.to(out_ptr.dtype.element_ty), mask=mask_d)
+
+
+def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                           block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
+                           max_seq_len: int | None = None, partition_size: int = 512) -> torch.Tensor:
+    """q: [num_seqs, heads, head_dim]; caches: [num_blocks, block_size, kv_heads, head_dim].
+    max_seq_len, if the caller knows it, saves reading seq_lens back from the device;
+    partition_size: context tokens per split (a multiple of the block size)."""
+    num_seqs, num_heads, head_dim = q.shape
+    _, block_size, num_kv_heads, _ = k_cache.shape
+    if partition_size % block_size:
+        raise ValueError(f"partition_size must be a multiple of block_size={block_size}, got {partition_size}")
+    # Tiles of 64 tokens where the partition allows: enough work per load to keep memory busy.
+    tile_n = math.gcd(partition_size, 64)
+    if max_seq_len is None:
+        max_seq_len = int(seq_lens.max())
+    num_parts = triton.cdiv(max_seq_len, partition_size)
+    group = num_heads // num_kv_heads
+    dim_pad = max(16, triton.next_power_of_2(head_dim))
+    part_out = torch.empty((num_seqs, num_heads, num_parts, head_dim), dtype=torch.float32, device=q.device)
+    lse = torch.empty((num_seqs, num_heads, num_parts), dtype=torch.float32, device=q.device)
+    assert q.stride(2) == 1 and k_cache.is_contiguous() and v_cache.is_contiguous()
+    _decode_partition_kernel[(num_seqs, num_kv_heads, num_parts)](
+        q, k_cache, v_cache, block_tables, seq_lens, part_out, lse, scale,
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        block_tables.stride(0), part_out.stride(0), part_out.stride(1), part_out.stride(2),
+        lse.stride(0), lse.stride(1),
+        GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim, DIM_PAD=dim_pad,
+        BLOCK_SIZE=block_size, PARTITION=partition_size, TILE_N=tile_n,
+        PRECISION=dot_precision(q.dtype))
+    out = torch.empty_like(q)
+    _merge_partitions_kernel[(num_seqs, num_heads)](
+        part_out, lse, out, part_out.stride(0), part_out.stride(1), part_out.stride(2),
+        lse.stride(0), lse.stride(1), out.stride(0), out.stride(1),
+        NUM_PARTS=num_parts, PARTS_PAD=triton.next_power_of_2(num_parts), HEAD_DIM=head_dim, DIM_PAD=dim_pad)
+    return out

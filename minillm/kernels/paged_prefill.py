@@ -1,0 +1,88 @@
+"""Prefill attention over a ragged batch with a paged KV cache, in Triton (reference:
+`reference.paged_prefill_attention_ref`).
+
+Sequences of different lengths are concatenated without padding; `cu_seqlens_q` marks where each
+one's new tokens start. Their K/V have already been written to the pool, so a query at position p
+attends to keys 0..p of its own sequence, all read through the block table: the cached prefix
+(a prefix-cache hit, or earlier chunks of a chunked prefill) and this step's tokens alike.
+
+One program computes a tile of BLOCK_M queries of one head of one sequence, streaming keys in tiles
+of BLOCK_N with the online softmax of FlashAttention; tiles past the causal limit are never loaded.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from minillm.kernels import dot_precision
+from minillm.kernels.tiles import load_kv_tile, online_softmax_step
+
+
+@triton.jit
+def _prefill_kernel(
+        q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, cu_seqlens_q_ptr, seq_lens_ptr, out_ptr, scale,
+        stride_q_token, stride_q_head, stride_cache_block, stride_cache_slot, stride_cache_head,
+        stride_table_seq, stride_out_token, stride_out_head,
+        GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
+    tile = tl.program_id(0)
+    seq = tl.program_id(1)
+    head = tl.program_id(2)
+    q_start = tl.load(cu_seqlens_q_ptr + seq)
+    q_len = tl.load(cu_seqlens_q_ptr + seq + 1) - q_start
+    if tile * BLOCK_M >= q_len:
+        return
+    seq_len = tl.load(seq_lens_ptr + seq)
+    context_len = seq_len - q_len
+    kv_head = head // GROUP
+
+    offs_m = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, DIM_PAD)
+    mask_m = offs_m < q_len
+    mask_d = offs_d < HEAD_DIM
+    q_pos = context_len + offs_m
+    q = tl.load(q_ptr + (q_start + offs_m)[:, None] * stride_q_token + head * stride_q_head + offs_d[None, :],
+                mask=mask_m[:, None] & mask_d[None, :], other=0.0)
+
+    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    denom = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, DIM_PAD], tl.float32)
+    end = tl.minimum(seq_len, context_len + (tile + 1) * BLOCK_M)  # the tile's last query sees no further
+    for start_n in range(0, end, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        mask_n = offs_n < end
+        k, v = load_kv_tile(k_cache_ptr, v_cache_ptr, block_tables_ptr + seq * stride_table_seq, offs_n, mask_n,
+                            kv_head, offs_d, mask_d, stride_cache_block, stride_cache_slot, stride_cache_head,
+                            BLOCK_SIZE)
+        visible = mask_n[None, :] & (offs_n[None, :] <= q_pos[:, None])  # causal
+        m, denom, acc = online_softmax_step(q, k, v, visible, m, denom, acc, scale, PRECISION)
+
+    out = acc / denom[:, None]
+    tl.store(out_ptr + (q_start + offs_m)[:, None] * stride_out_token + head * stride_out_head + offs_d[None, :],
+             out.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_d[None, :])
+
+
+def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                            cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor, block_tables: torch.Tensor,
+                            scale: float, max_query_len: int | None = None) -> torch.Tensor:
+    """q: [total_tokens, heads, head_dim]; caches: [num_blocks, block_size, kv_heads, head_dim]."""
+    total_tokens, num_heads, head_dim = q.shape
+    _, block_size, num_kv_heads, _ = k_cache.shape
+    num_seqs = seq_lens.shape[0]
+    if max_query_len is None:
+        max_query_len = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max())
+    # The interpreter runs each program in Python: fewer, bigger tiles are much faster there.
+    block_m, block_n = (32, 64) if os.environ.get("TRITON_INTERPRET") == "1" else (64, 64)
+    out = torch.empty_like(q)
+    assert q.stride(2) == 1 and k_cache.is_contiguous() and v_cache.is_contiguous()
+    _prefill_kernel[(triton.cdiv(max_query_len, block_m), num_seqs, num_heads)](
+        q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, out, scale,
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        block_tables.stride(0), out.stride(0), out.stride(1),
+        GROUP=num_heads // num_kv_heads, HEAD_DIM=head_dim, DIM_PAD=max(16, triton.next_power_of_2(head_dim)),
+        BLOCK_SIZE=block_size, BLOCK_M=block_m, BLOCK_N=block_n, PRECISION=dot_precision(q.dtype))
+    return out

@@ -1,0 +1,36 @@
+"""The two steps every paged attention kernel here repeats, as Triton device functions: gather a
+tile of K and V through a block table, and fold one tile of scores into a running softmax."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def load_kv_tile(k_cache_ptr, v_cache_ptr, table_ptr, pos, mask, kv_head, offs_d, mask_d,
+                 stride_cache_block, stride_cache_slot, stride_cache_head, BLOCK_SIZE: tl.constexpr):
+    """K and V of the tokens at positions `pos` of one sequence (table_ptr: its block table row):
+    token p lives in block table[p // BLOCK_SIZE], slot p % BLOCK_SIZE. Masked tokens read as 0."""
+    block_ids = tl.load(table_ptr + pos // BLOCK_SIZE, mask=mask, other=0).to(tl.int64)
+    offs = (block_ids[:, None] * stride_cache_block + (pos % BLOCK_SIZE)[:, None] * stride_cache_slot
+            + kv_head * stride_cache_head + offs_d[None, :])
+    kv_mask = mask[:, None] & mask_d[None, :]
+    k = tl.load(k_cache_ptr + offs, mask=kv_mask, other=0.0)
+    v = tl.load(v_cache_ptr + offs, mask=kv_mask, other=0.0)
+    return k, v
+
+
+@triton.jit
+def online_softmax_step(q, k, v, visible, m, denom, acc, scale, PRECISION: tl.constexpr):
+    """Attend rows of q to one tile of keys without ever holding all the scores: m is each row's
+    running max, denom its running sum of exp(score - m), acc its running weighted sum of values.
+    A new max rescales what was summed before by exp(old max - new max)."""
+    scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
+    scores = tl.where(visible, scores, float("-inf"))
+    m_new = tl.maximum(m, tl.max(scores, 1))
+    p = tl.exp(scores - m_new[:, None])
+    alpha = tl.exp(m - m_new)
+    denom = denom * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+    return m_new, denom, acc

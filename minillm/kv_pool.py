@@ -1,0 +1,68 @@
+"""The paged KV pool: for every layer, one tensor of fixed-size blocks allocated once, at start.
+
+The block manager decides which block holds which tokens; the pool only stores them. Allocating
+everything up front is what makes paging cheap: a sequence that grows takes a block id from a list,
+and no tensor is ever allocated, copied or freed while serving.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from minillm.config import ModelConfig
+
+# Without a GPU there is no "free device memory" to size the pool from; like vLLM's CPU backend,
+# take a fixed KV budget (never more than gpu_memory_utilization of the RAM still available).
+CPU_KV_CACHE_BYTES = 4 << 30
+
+
+class KVPool:
+    def __init__(self, config: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype,
+                 device: torch.device) -> None:
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        shape = (2, num_blocks, block_size, config.num_key_value_heads, config.head_dim)
+        # kv_caches[layer][0] holds K, [1] holds V: [num_blocks, block_size, kv_heads, head_dim]
+        self.kv_caches = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_hidden_layers)]
+
+    @property
+    def reserved_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.kv_caches)
+
+
+def available_kv_bytes(device: torch.device, gpu_memory_utilization: float) -> int:
+    """The memory the pool may take, measured after the model is loaded."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free * gpu_memory_utilization)
+    available = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+    return min(CPU_KV_CACHE_BYTES, int(available * gpu_memory_utilization))
+
+
+def resolve_num_kv_blocks(num_kv_blocks: int | None, gpu_memory_utilization: float, *, config: ModelConfig,
+                          block_size: int, dtype: torch.dtype, device: torch.device, max_model_len: int,
+                          max_num_seqs: int) -> int:
+    """How many blocks the pool gets: `num_kv_blocks` if given, else what fits in
+    gpu_memory_utilization of the free memory, capped at what max_num_seqs sequences of
+    max_model_len tokens could ever use. Fails if one sequence of max_model_len would not fit."""
+    if not (isinstance(gpu_memory_utilization, (int, float)) and 0 < gpu_memory_utilization <= 1):
+        raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization!r}")
+    per_seq = -(-max_model_len // block_size)
+    bytes_per_block = block_size * config.kv_bytes_per_token(dtype.itemsize)
+    if num_kv_blocks is None:
+        budget = available_kv_bytes(device, gpu_memory_utilization)
+        num_kv_blocks = min(budget // bytes_per_block, per_seq * max_num_seqs)
+        source = (f"gpu_memory_utilization={gpu_memory_utilization} of the free memory "
+                  f"({budget / 2**20:.0f} MiB)")
+    elif isinstance(num_kv_blocks, bool) or not isinstance(num_kv_blocks, int) or num_kv_blocks < 1:
+        raise ValueError(f"num_kv_blocks must be an integer >= 1 or None, got {num_kv_blocks!r}")
+    else:
+        source = f"num_kv_blocks={num_kv_blocks}"
+    if num_kv_blocks < per_seq:
+        raise ValueError(
+            f"the KV pool is too small: {source} gives {num_kv_blocks} blocks of {block_size} tokens, but one "
+            f"sequence of max_model_len={max_model_len} tokens needs {per_seq}; raise num_kv_blocks or "
+            "gpu_memory_utilization, or lower max_model_len")
+    return num_kv_blocks

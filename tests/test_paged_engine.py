@@ -1,0 +1,126 @@
+"""The engine on its paged KV cache: the same greedy tokens with either attention backend, with and
+without prefix caching, under preemption; blocks never leak; bad configuration is refused."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from minillm import LLM, SamplingParams
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+# A shared "system prompt" of several blocks, then a different ending per request.
+SYSTEM = ('"""Command line entry point of a small utility."""\n\nimport argparse\nimport os\nimport sys\n\n\n'
+          "def main(argv: list[str]) -> int:\n    parser = argparse.ArgumentParser()\n    ")
+PROMPTS = [SYSTEM + "return 0\n", SYSTEM + "for arg in argv:\n", SYSTEM + "print(argv)\n", "x = 1\n"]
+
+
+def token_ids(outputs) -> list[list[int]]:
+    return [o.outputs[0].token_ids for o in outputs]
+
+
+def assert_no_blocks_held(llm: LLM) -> None:
+    blocks = llm.llm_engine.block_manager
+    assert not llm.llm_engine.has_unfinished_requests()
+    assert blocks.num_free_blocks == blocks.num_blocks
+    assert all(b.ref_count == 0 for b in blocks.blocks)
+
+
+@pytest.mark.parametrize("kind", ["llama_gqa_tied", "qwen3_qk_norm"])
+def test_triton_backend_matches_transformers(kind, hf_checkpoint):
+    pytest.importorskip("triton")
+    hf, path = hf_checkpoint(kind)
+    llm = LLM(str(path), skip_tokenizer_init=True, dtype="float32", attention_backend="triton", max_model_len=64)
+    gen = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(0, 512, (n,), generator=gen).tolist() for n in (1, 17, 40)]
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], GREEDY, use_tqdm=False)
+    for prompt, out in zip(prompts, outs):
+        ref = hf.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=8, min_new_tokens=8)
+        assert out.outputs[0].token_ids == ref[0, len(prompt):].tolist(), f"{kind}: prompt of {len(prompt)}"
+
+
+@pytest.fixture(scope="module")
+def reference_tokens():
+    """Each prompt generated alone, on the contiguous cache of the foundation."""
+    llm = LLM("tiny", kv_cache="contiguous")
+    return {p: token_ids(llm.generate(p, GREEDY, use_tqdm=False))[0] for p in PROMPTS}
+
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("caching", [True, False])
+def test_backends_and_prefix_caching_give_the_same_tokens(backend, caching, reference_tokens):
+    if backend == "triton":
+        pytest.importorskip("triton")
+    llm = LLM("tiny", attention_backend=backend, enable_prefix_caching=caching, max_model_len=128)
+    first = llm.generate(PROMPTS[:1], GREEDY, use_tqdm=False)  # fills the prefix cache
+    rest = llm.generate(PROMPTS[1:], GREEDY, use_tqdm=False)  # shares SYSTEM's leading blocks
+    assert token_ids(first + rest) == [reference_tokens[p] for p in PROMPTS]
+    hits = [o.num_cached_tokens for o in rest]
+    if caching:
+        assert hits[0] >= 32 and hits[0] % 16 == 0 and hits == [hits[0], hits[0], 0]
+    else:
+        assert hits == [0, 0, 0]
+    assert_no_blocks_held(llm)
+
+
+def test_preemption_and_aborts_leave_outputs_unchanged_and_blocks_free(reference_tokens):
+    # 12 blocks of 4 tokens: far too few for all requests at once, so the scheduler must queue,
+    # preempt the most recent sequence when decodes run out of blocks, and recompute it later.
+    llm = LLM("tiny", block_size=4, num_kv_blocks=12, max_model_len=48)
+    engine = llm.llm_engine
+    preempted = []
+    engine.step_listeners.append(lambda event: preempted.extend(event.preempted))
+    outs = llm.generate(PROMPTS * 2, GREEDY, use_tqdm=False)
+    assert token_ids(outs) == [reference_tokens[p] for p in PROMPTS * 2]
+    assert preempted, "the pool was meant to be small enough to force a preemption"
+    assert_no_blocks_held(llm)
+
+    for i, prompt in enumerate(PROMPTS):
+        engine.add_request(f"r{i}", prompt, GREEDY)
+    finished = {}
+    for step in range(200):
+        if step == 2:
+            engine.abort_request("r1")
+            engine.abort_request("r3")  # still waiting for blocks: nothing to free, nothing breaks
+        finished.update((o.request_id, o) for o in engine.step() if o.finished)
+        if not engine.has_unfinished_requests():
+            break
+    assert sorted(finished) == ["r0", "r2"]
+    assert [finished[r].outputs[0].token_ids for r in ("r0", "r2")] == [reference_tokens[PROMPTS[0]],
+                                                                         reference_tokens[PROMPTS[2]]]
+    assert_no_blocks_held(llm)
+
+
+def test_pool_size_follows_the_arguments():
+    llm = LLM("tiny", max_num_seqs=4, max_model_len=100)  # the cap: 4 sequences of 100 tokens
+    engine = llm.llm_engine
+    assert engine.block_manager.num_blocks == 4 * 7
+    per_token = engine.model_config.kv_bytes_per_token(4)
+    assert engine.kv_cache.reserved_bytes == engine.block_manager.num_blocks * 16 * per_token
+    assert LLM("tiny", num_kv_blocks=40, max_model_len=64).llm_engine.block_manager.num_blocks == 40
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(block_size=24), r"block_size must be a power of two in \[1, 1024\], got 24"),
+    (dict(block_size=0), "block_size must be a power of two"),
+    (dict(num_kv_blocks=3, max_model_len=64), r"the KV pool is too small: num_kv_blocks=3 gives 3 blocks of 16 "
+                                              r"tokens, but one sequence of max_model_len=64 tokens needs 4"),
+    (dict(num_kv_blocks=0), "num_kv_blocks must be an integer >= 1 or None"),
+    (dict(gpu_memory_utilization=1.5), r"gpu_memory_utilization must be in \(0, 1\], got 1.5"),
+    (dict(attention_backend="flash"), r"attention_backend must be one of \('auto', 'torch', 'triton'\)"),
+    (dict(attention_backend="triton", block_size=8), "attention_backend='triton' needs block_size >= 16"),
+    (dict(attention_backend="triton", kv_cache="contiguous"), "attention_backend='triton' needs kv_cache='paged'"),
+])
+def test_bad_cache_configuration_is_refused_at_construction(kwargs, message):
+    if kwargs.get("attention_backend") == "triton":
+        pytest.importorskip("triton")
+    with pytest.raises(ValueError, match=message):
+        LLM("tiny", **kwargs)
+
+
+def test_triton_where_it_cannot_run_says_why(monkeypatch):
+    pytest.importorskip("triton")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(ValueError, match="attention_backend='triton' .*TRITON_INTERPRET=1"):
+        LLM("tiny", attention_backend="triton", device="cpu")
