@@ -209,8 +209,8 @@ def measure_acceptance(out: Path, smoke: bool) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "minillm" / "assets")
-    ap.add_argument("--target-steps", type=int, default=1250)
-    ap.add_argument("--draft-steps", type=int, default=800)
+    ap.add_argument("--target-steps", type=int, default=1150)
+    ap.add_argument("--draft-steps", type=int, default=650)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--smoke", action="store_true", help="a few steps only, to check the pipeline")
