@@ -133,7 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
     paged = bench.add_parser("paged", help="paged against contiguous KV memory, and prefix caching")
     model_args(paged)
     paged.add_argument("--num-requests", type=int, default=48)
-    paged.add_argument("--max-tokens", type=int, default=512, help="the cap each request sets")
+    paged.add_argument("--max-tokens", type=int, default=1024, help="the cap each request sets")
     paged.add_argument("--block-size", type=int, default=16)
     paged.add_argument("--budget-blocks", type=int, default=256, help="the fixed KV budget, in blocks")
     paged.add_argument("--prefix-requests", type=int, default=32)

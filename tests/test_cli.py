@@ -57,3 +57,17 @@ def test_bench_kv_cache_writes_json(tmp_path):
     # engines produced the same tokens.
     assert all(r["same_tokens"] and r["cached_tok_s"] > 0 and r["recompute_tok_s"] > 0 for r in payload["rows"])
     assert payload["environment"]["packages"]["torch"]
+
+
+@pytest.mark.slow
+def test_bench_paged_writes_json(tmp_path):
+    out = tmp_path / "paged.json"
+    result = minillm("bench", "paged", "--num-requests", "6", "--max-tokens", "64", "--budget-blocks", "40",
+                     "--prefix-requests", "4", "--prefix-len", "48", "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    assert "KV used / reserved" in result.stdout and "prefill tokens computed" in result.stdout
+    summary = json.loads(out.read_text())["summary"]
+    assert summary["memory"]["all_outputs_identical"] and summary["prefix_cache"]["all_outputs_identical"]
+    # Paging reserves at most one partly filled block per sequence beyond what it uses.
+    assert summary["memory"]["paged_kv_utilisation"] > summary["memory"]["contiguous_kv_utilisation"]
+    assert summary["prefix_cache"]["prefill_tokens_saved"] > 0.5

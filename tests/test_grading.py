@@ -16,6 +16,7 @@ import pytest
 import torch
 from nbformat.v4 import new_code_cell, new_notebook
 
+from minillm import LLM
 from minillm.grading import checks_kv_cache as checks
 from minillm.grading import grade
 from minillm.grading.feedback import CheckFailed
@@ -167,11 +168,17 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
+@pytest.fixture(scope="module")
+def contiguous_llm():
+    """The engine as exercise 01 sets it up: the shipped model on the contiguous cache."""
+    return LLM("tiny", kv_cache="contiguous")
+
+
 @pytest.mark.usefixtures("one_thread")
-def test_engine_check_passes_the_solution_and_restores_the_engine(solution, tiny_llm, capsys):
-    backend = tiny_llm.llm_engine.model_runner.attn_backend
+def test_engine_check_passes_the_solution_and_restores_the_engine(solution, contiguous_llm, capsys):
+    backend = contiguous_llm.llm_engine.model_runner.attn_backend
     before = backend.cache_attention
-    checks.check_engine(solution["append_and_attend"], tiny_llm)
+    checks.check_engine(solution["append_and_attend"], contiguous_llm)
     assert "check_engine passed" in capsys.readouterr().out
     assert backend.cache_attention is before
 
@@ -183,12 +190,17 @@ def test_engine_check_passes_the_solution_and_restores_the_engine(solution, tiny
      r"(?s)engine failed.*last call.*q \[\d+, 4, 64\].*start=0, and it returned \[\d+, 1, 64\]"),
 ])
 @pytest.mark.usefixtures("one_thread")
-def test_engine_check_fails_wrong_answers_inside_the_engine(solution, tiny_llm, wrong, message):
-    before = tiny_llm.llm_engine.model_runner.attn_backend.cache_attention
+def test_engine_check_fails_wrong_answers_inside_the_engine(solution, contiguous_llm, wrong, message):
+    before = contiguous_llm.llm_engine.model_runner.attn_backend.cache_attention
     with pytest.raises(CheckFailed, match=message):
-        checks.check_engine(wrong(solution), tiny_llm)
-    assert tiny_llm.llm_engine.model_runner.attn_backend.cache_attention is before
-    assert not tiny_llm.llm_engine.has_unfinished_requests()
+        checks.check_engine(wrong(solution), contiguous_llm)
+    assert contiguous_llm.llm_engine.model_runner.attn_backend.cache_attention is before
+    assert not contiguous_llm.llm_engine.has_unfinished_requests()
+
+
+def test_engine_check_refuses_another_cache(solution, tiny_llm):
+    with pytest.raises(CheckFailed, match="create it with LLM\\(model, kv_cache='contiguous'\\)"):
+        checks.check_engine(solution["append_and_attend"], tiny_llm)
 
 
 def test_prepare_restores_edited_deleted_and_inflated_checks(tmp_path):

@@ -65,9 +65,10 @@ def test_backends_and_prefix_caching_give_the_same_tokens(backend, caching, refe
 
 
 def test_preemption_and_aborts_leave_outputs_unchanged_and_blocks_free(reference_tokens):
-    # 12 blocks of 4 tokens: far too few for all requests at once, so the scheduler must queue,
-    # preempt the most recent sequence when decodes run out of blocks, and recompute it later.
-    llm = LLM("tiny", block_size=4, num_kv_blocks=12, max_model_len=48)
+    # 28 blocks of 4 tokens: two of the ~52-token prompts fit (13 + 14 blocks), but not their growth,
+    # so the scheduler must queue, preempt the most recent sequence when decodes run out of blocks,
+    # and recompute it later.
+    llm = LLM("tiny", block_size=4, num_kv_blocks=28, max_model_len=100)
     engine = llm.llm_engine
     preempted = []
     engine.step_listeners.append(lambda event: preempted.extend(event.preempted))
@@ -82,7 +83,7 @@ def test_preemption_and_aborts_leave_outputs_unchanged_and_blocks_free(reference
     for step in range(200):
         if step == 2:
             engine.abort_request("r1")
-            engine.abort_request("r3")  # still waiting for blocks: nothing to free, nothing breaks
+            engine.abort_request("r3")  # running or still queued: either way its blocks (if any) come back
         finished.update((o.request_id, o) for o in engine.step() if o.finished)
         if not engine.has_unfinished_requests():
             break

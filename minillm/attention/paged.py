@@ -22,14 +22,13 @@ def load_ops(kernel: str) -> SimpleNamespace:
         from minillm.kernels.paged_decode import paged_decode_attention
         from minillm.kernels.paged_prefill import paged_prefill_attention
         from minillm.kernels.store_kv import store_kvcache
-    else:
-        from minillm.kernels.reference import (
-            paged_decode_attention_ref as paged_decode_attention,
-            paged_prefill_attention_ref as paged_prefill_attention,
-            store_kvcache_ref as store_kvcache,
-        )
-    return SimpleNamespace(store_kvcache=store_kvcache, paged_decode_attention=paged_decode_attention,
-                           paged_prefill_attention=paged_prefill_attention)
+        return SimpleNamespace(store_kvcache=store_kvcache, paged_decode_attention=paged_decode_attention,
+                               paged_prefill_attention=paged_prefill_attention)
+    from minillm.kernels import reference
+
+    return SimpleNamespace(store_kvcache=reference.store_kvcache_ref,
+                           paged_decode_attention=reference.paged_decode_attention_ref,
+                           paged_prefill_attention=reference.paged_prefill_attention_ref)
 
 
 class PagedAttention:

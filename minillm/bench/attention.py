@@ -9,6 +9,8 @@ on the same tokens held contiguously (which needs no block table, so it is the h
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 DECODE_COLUMNS = [("batch", "batch"), ("context", "context"), ("ms", "ms"), ("GB_s", "GB/s"),
@@ -66,8 +68,8 @@ def bench_attention(contexts=(4096, 8192, 16384, 32768), batch: int = 8, num_kv_
         k_cache, v_cache, tables, lens = paged_inputs(batch, context, num_kv_heads, group, head_dim, block_size,
                                                       dtype)
         q = torch.randn(batch, num_kv_heads * group, head_dim, dtype=dtype, device="cuda")
-        seconds = cuda_time(lambda: paged_decode_attention(q, k_cache, v_cache, tables, lens, scale,
-                                                           max_seq_len=context))
+        seconds = cuda_time(functools.partial(paged_decode_attention, q, k_cache, v_cache, tables, lens, scale,
+                                              max_seq_len=context))
         moved = 2 * k_cache.numel() * k_cache.element_size() + 2 * q.numel() * q.element_size()
         err = (paged_decode_attention(q, k_cache, v_cache, tables, lens, scale).float()
                - paged_decode_attention_ref(q.float(), k_cache.float(), v_cache.float(), tables, lens, scale)).abs()
@@ -85,14 +87,10 @@ def bench_attention(contexts=(4096, 8192, 16384, 32768), batch: int = 8, num_kv_
         order = tables[0].long()
         k = k_cache[order].flatten(0, 1)[:tokens].transpose(0, 1).repeat_interleave(group, 0)
         v = v_cache[order].flatten(0, 1)[:tokens].transpose(0, 1).repeat_interleave(group, 0)
-        qs = q.transpose(0, 1)
-
-        def sdpa():
-            return torch.nn.functional.scaled_dot_product_attention(qs, k, v, is_causal=True, scale=scale)
-
-        def triton():
-            return paged_prefill_attention(q, k_cache, v_cache, cu, lens, tables, scale, max_query_len=tokens)
-
+        sdpa = functools.partial(torch.nn.functional.scaled_dot_product_attention, q.transpose(0, 1), k, v,
+                                 is_causal=True, scale=scale)
+        triton = functools.partial(paged_prefill_attention, q, k_cache, v_cache, cu, lens, tables, scale,
+                                   max_query_len=tokens)
         t_triton, t_sdpa = cuda_time(triton), cuda_time(sdpa)
         err = (triton().float() - sdpa().transpose(0, 1).float()).abs().max().item()
         prefill_rows.append({"tokens": tokens, "triton_ms": t_triton * 1e3, "sdpa_ms": t_sdpa * 1e3,

@@ -3,13 +3,15 @@
 1. Memory: the same mixed-length workload through the paged and the contiguous cache; per step,
    KV memory in use over memory reserved. A contiguous cache reserves prompt + max_tokens for each
    request when it starts; paging reserves whole blocks only as tokens arrive.
-2. Capacity: both caches get the same fixed KV budget; how many sequences run at once.
+2. Capacity: both caches get the same fixed KV budget; how many sequences run at once while
+   requests wait for memory, and how many steps the workload takes.
 3. Prefix caching: requests sharing a long prompt prefix (a system prompt); prefill tokens actually
    computed and time to first token, with prefix caching on and off.
 
 The workload imitates code completion: prompts cut from held-out source, a generous cap on new
 tokens (max_tokens), and completions that end earlier, at the end of a line once a drawn minimum
-length is reached. Everything is seeded; greedy decoding, so outputs must not depend on the cache.
+length is reached. Everything is seeded (each request samples with its own seed), so outputs must
+not depend on the cache.
 """
 
 from __future__ import annotations
@@ -23,9 +25,12 @@ from minillm.llm import LLM
 from minillm.sampling_params import SamplingParams
 from minillm.trace import Trace, record
 
+MAX_PROMPT_TOKENS = 512
+
 MEMORY_COLUMNS = [("cache", "cache"), ("kv_used_over_reserved", "KV used / reserved"),
-                  ("peak_reserved_tokens", "peak reserved tokens"), ("mean_running", "mean running"),
-                  ("peak_running", "peak running"), ("steps", "steps"), ("same_tokens", "same tokens")]
+                  ("peak_reserved_tokens", "peak reserved tokens"),
+                  ("running_under_backlog", "running (queue not empty)"), ("peak_running", "peak running"),
+                  ("preemptions", "preemptions"), ("steps", "steps"), ("same_tokens", "same tokens")]
 PREFIX_COLUMNS = [("prefix_caching", "prefix caching"), ("prefill_tokens", "prefill tokens computed"),
                   ("cached_tokens", "prefix-hit tokens"), ("ttft_p50_ms", "TTFT p50 ms"),
                   ("ttft_mean_ms", "TTFT mean ms"), ("seconds", "seconds"), ("same_tokens", "same tokens")]
@@ -33,15 +38,18 @@ PREFIX_COLUMNS = [("prefix_caching", "prefix caching"), ("prefill_tokens", "pref
 
 def mixed_workload(token_ids: list[int], num_requests: int, max_tokens: int, seed: int = 0
                    ) -> list[tuple[list[int], SamplingParams]]:
-    """Prompts of 16 to 256 tokens; completions stop at the first newline after a minimum drawn
-    log-uniformly from 8 to 128 tokens (most are short, a few long), under a cap of max_tokens."""
+    """Prompts of 32 to 512 tokens; completions stop at the first newline after a minimum drawn
+    from 16 to 256 tokens; both log-uniform (most are short, a few long, as in chat traces such as
+    ShareGPT), under a cap of max_tokens."""
     rng = random.Random(seed)
     requests = []
     for _ in range(num_requests):
-        prompt_len = int(2 ** rng.uniform(4, 8))
+        prompt_len = int(2 ** rng.uniform(5, 9))  # < MAX_PROMPT_TOKENS
         start = rng.randrange(len(token_ids) - prompt_len)
-        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, min_tokens=int(2 ** rng.uniform(3, 7)),
-                                stop="\n", ignore_eos=True)
+        # Seeded sampling: greedy decoding of a small model often loops on one token forever, and
+        # a seeded request samples the same tokens whatever else is in the batch.
+        params = SamplingParams(temperature=0.8, top_p=0.95, seed=rng.randrange(2**31), max_tokens=max_tokens,
+                                min_tokens=min(max_tokens, int(2 ** rng.uniform(4, 8))), stop="\n", ignore_eos=True)
         requests.append((token_ids[start:start + prompt_len], params))
     return requests
 
@@ -57,24 +65,29 @@ def run(llm: LLM, requests: list[tuple[list[int], SamplingParams]]) -> tuple[Tra
 def memory_row(cache: str, trace: Trace, outs: list, reference: list) -> dict:
     used = sum(e.kv_tokens for e in trace.events)
     reserved = sum(e.kv_reserved_tokens for e in trace.events)
-    running = [len(e.seqs) for e in trace.events]
+    # How many sequences the memory holds is what runs while requests are still queued for it; once
+    # the queue is empty, the run drains and the count says nothing about the cache.
+    backlogged = [len(e.seqs) for e in trace.events if e.num_waiting > 0]
     return {"cache": cache, "kv_used_over_reserved": used / reserved,
             "peak_reserved_tokens": max(e.kv_reserved_tokens for e in trace.events),
-            "mean_running": statistics.fmean(running), "peak_running": max(running), "steps": len(trace.events),
+            "running_under_backlog": statistics.fmean(backlogged) if backlogged else None,
+            "peak_running": max(len(e.seqs) for e in trace.events),
+            "preemptions": sum(len(e.preempted) for e in trace.events), "steps": len(trace.events),
             "same_tokens": [o.outputs[0].token_ids for o in outs] == reference}
 
 
 def bench_memory(model: str, num_requests: int, max_tokens: int, budget_blocks: int, block_size: int,
                  seed: int, **engine_args) -> tuple[list[dict], dict]:
-    llms = {cache: LLM(model, kv_cache=cache, block_size=block_size, **engine_args)
-            for cache in ("paged", "contiguous")}
+    # The longest sequence the workload can make; a pool must hold one of them.
+    engine_args = {"block_size": block_size, "max_model_len": MAX_PROMPT_TOKENS + max_tokens, **engine_args}
+    llms = {cache: LLM(model, kv_cache=cache, **engine_args) for cache in ("paged", "contiguous")}
     requests = mixed_workload(eval_token_ids(llms["paged"].get_tokenizer()), num_requests, max_tokens, seed)
     reference = None
     rows = []
     for budget in (None, budget_blocks):
         for cache, llm in llms.items():
             if budget is not None:
-                llm = LLM(model, kv_cache=cache, block_size=block_size, num_kv_blocks=budget, **engine_args)
+                llm = LLM(model, kv_cache=cache, num_kv_blocks=budget, **engine_args)
             trace, outs, _ = run(llm, requests)
             tokens = [o.outputs[0].token_ids for o in outs]
             reference = reference or tokens
@@ -85,8 +98,9 @@ def bench_memory(model: str, num_requests: int, max_tokens: int, budget_blocks: 
         "paged_kv_utilisation": unlimited[0]["kv_used_over_reserved"],
         "contiguous_kv_utilisation": unlimited[1]["kv_used_over_reserved"],
         "budget_tokens": budget_blocks * block_size,
-        "mean_running_ratio": limited[0]["mean_running"] / limited[1]["mean_running"],
+        "running_under_backlog_ratio": limited[0]["running_under_backlog"] / limited[1]["running_under_backlog"],
         "peak_running_ratio": limited[0]["peak_running"] / limited[1]["peak_running"],
+        "steps_ratio": limited[1]["steps"] / limited[0]["steps"],
         "all_outputs_identical": all(r["same_tokens"] for r in rows),
         "output_tokens": sum(len(t) for t in reference), "prompt_tokens": sum(len(p) for p, _ in requests),
     }
