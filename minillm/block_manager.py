@@ -40,12 +40,16 @@ class BlockManager:
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
-        self.blocks = [Block(i) for i in range(num_blocks)]
+        self.reset(num_blocks)
+
+    def reset(self, num_blocks: int | None = None) -> None:
+        """Every block free and nothing cached, as at start. Sequences holding blocks must have
+        been freed (or be dropped) first; the course's checks use this to undo a learner's bugs."""
+        self.blocks = [Block(i) for i in range(self.num_blocks if num_blocks is None else num_blocks)]
         # Free blocks in eviction order: the first is reused first. Blocks with nothing worth keeping
         # go to the front, blocks that still hold a cached prefix go to the back.
-        self.free_block_ids: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        self.free_block_ids: OrderedDict[int, None] = OrderedDict.fromkeys(range(len(self.blocks)))
         self.cached_block_ids: dict[int, int] = {}  # block hash -> block id
-        self.block_hashes: dict[str, list[int]] = {}  # request id -> hashes of its full blocks
 
     @property
     def num_blocks(self) -> int:
@@ -101,7 +105,7 @@ class BlockManager:
         for block_id in hits:
             self._take(block_id)
         seq.block_table = list(hits)
-        self.block_hashes[seq.request_id] = [self.blocks[b].block_hash for b in hits]
+        seq.block_hashes = [self.blocks[b].block_hash for b in hits]
         seq.num_computed_tokens = len(hits) * self.block_size
         self.append_slots(seq)
         return seq.num_computed_tokens
@@ -117,13 +121,13 @@ class BlockManager:
             if not self.free_block_ids:
                 raise RuntimeError(f"no free KV block left for {seq.request_id!r}")
             block_id = next(iter(self.free_block_ids))
-            self._evict(block_id)
+            self.evict(block_id)
             self._take(block_id)
             seq.block_table.append(block_id)
 
     def cache_full_blocks(self, seq: Sequence) -> None:
         """Register the blocks that the last step filled, so that later requests can hit them."""
-        hashes = self.block_hashes.setdefault(seq.request_id, [])
+        hashes = seq.block_hashes
         num_full = seq.num_computed_tokens // self.block_size
         while self.enable_prefix_caching and len(hashes) < num_full:
             i = len(hashes)
@@ -146,7 +150,6 @@ class BlockManager:
                 self.free_block_ids[block_id] = None
                 self.free_block_ids.move_to_end(block_id, last=block.block_hash is not None)
         seq.block_table = []
-        self.block_hashes.pop(seq.request_id, None)
 
     def _take(self, block_id: int) -> None:
         block = self.blocks[block_id]
@@ -154,7 +157,8 @@ class BlockManager:
             del self.free_block_ids[block_id]
         block.ref_count += 1
 
-    def _evict(self, block_id: int) -> None:
+    def evict(self, block_id: int) -> None:
+        """Forget the cached prefix a free block holds (if any), before the block is reused."""
         block = self.blocks[block_id]
         if block.block_hash is not None:
             del self.cached_block_ids[block.block_hash]
@@ -163,4 +167,4 @@ class BlockManager:
     def reset_prefix_cache(self) -> None:
         """Forget every cached prefix that no running sequence uses."""
         for block_id in self.free_block_ids:
-            self._evict(block_id)
+            self.evict(block_id)

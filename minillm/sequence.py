@@ -33,6 +33,7 @@ class Sequence:
         self.status = SequenceStatus.WAITING
         self.num_computed_tokens = 0  # tokens whose K/V are in the cache
         self.block_table: list[int] = []  # paged cache: the pool blocks holding this sequence's K/V
+        self.block_hashes: list[int] = []  # prefix-cache hashes of its full blocks, in order
         self.num_cached_tokens = 0  # prompt tokens found in the prefix cache instead of computed
         self.output_text = ""
         self.finish_reason: str | None = None

@@ -94,12 +94,14 @@ def test_repo_exercise_hides_every_solution_line():
 
 def test_generation_is_byte_stable_and_idempotent(tmp_path):
     shutil.copytree(REPO / "solutions", tmp_path / "solutions")
-    assert exercises.generate(tmp_path) == [f"wrote {tmp_path / 'exercises' / '01_kv_cache.ipynb'}"]
-    first = (tmp_path / "exercises" / "01_kv_cache.ipynb").read_bytes()
+    names = sorted(p.name for p in (REPO / "solutions").glob("*.ipynb"))
+    assert exercises.generate(tmp_path) == [f"wrote {tmp_path / 'exercises' / name}" for name in names]
+    first = {name: (tmp_path / "exercises" / name).read_bytes() for name in names}
     assert exercises.generate(tmp_path) == []
-    assert (tmp_path / "exercises" / "01_kv_cache.ipynb").read_bytes() == first
-    assert first == (REPO / "exercises" / "01_kv_cache.ipynb").read_bytes()
-    assert exercises.render(REPO / "solutions" / "01_kv_cache.ipynb").encode() == first
+    for name in names:
+        assert (tmp_path / "exercises" / name).read_bytes() == first[name]
+        assert first[name] == (REPO / "exercises" / name).read_bytes()
+        assert exercises.render(REPO / "solutions" / name).encode() == first[name]
 
 
 def test_solutions_are_saved_as_jupyter_saves_them():

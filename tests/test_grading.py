@@ -241,12 +241,17 @@ def grade_rows(tmp_path: Path, notebooks: dict[str, Path], timeout: int, release
     return {(Path(r["submission"]).stem, r["check_id"]): r for r in csv.DictReader(io.StringIO(text))}
 
 
+def grade_pair(tmp_path_factory, solution: Path, exercise: Path) -> dict:
+    """A chapter's solution and its untouched exercise, graded against the exercise's checks."""
+    tmp = tmp_path_factory.mktemp(f"grade-{solution.stem}")
+    return grade_rows(tmp, {"solution": solution, "exercise": exercise}, timeout=300, release=exercise,
+                      report=str(tmp / "grades.csv"))
+
+
 @pytest.fixture(scope="module")
 def graded_repo(tmp_path_factory) -> dict:
     """The solution and the untouched exercise, graded once for the tests below."""
-    tmp = tmp_path_factory.mktemp("grade")
-    return grade_rows(tmp, {"solution": SOLUTION, "exercise": EXERCISE}, timeout=300, release=EXERCISE,
-                      report=str(tmp / "grades.csv"))
+    return grade_pair(tmp_path_factory, SOLUTION, EXERCISE)
 
 
 @pytest.mark.slow

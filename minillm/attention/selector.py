@@ -12,13 +12,14 @@ ATTENTION_BACKENDS = ("auto", "torch", "triton")
 
 
 def resolve_attention_backend(name: str, device: torch.device, block_size: int) -> str:
-    """`auto` is Triton on a CUDA GPU where Triton runs, PyTorch elsewhere (Triton's CPU interpreter
-    is exact but far too slow to serve with; ask for it by name to study the kernels)."""
+    """`auto` is Triton on a CUDA GPU where Triton runs (and blocks are at least 16 tokens, the
+    smallest tile its kernels take), PyTorch elsewhere (Triton's CPU interpreter is exact but far
+    too slow to serve with; ask for it by name to study the kernels)."""
     if name not in ATTENTION_BACKENDS:
         raise ValueError(f"attention_backend must be one of {ATTENTION_BACKENDS}, got {name!r}")
     triton_ok, reason = triton_status()
     if name == "auto":
-        return "triton" if device.type == "cuda" and triton_ok else "torch"
+        return "triton" if device.type == "cuda" and triton_ok and block_size >= 16 else "torch"
     if name == "triton":
         if not triton_ok:
             raise ValueError(f"attention_backend='triton' cannot run here: {reason}")
