@@ -9,6 +9,7 @@ import torch
 from minillm import LLM, SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+# float32 throughout, so that greedy comparisons hold on a GPU too (where "auto" is the model's bf16).
 # A shared "system prompt" of several blocks, then a different ending per request.
 SYSTEM = ('"""Command line entry point of a small utility."""\n\nimport argparse\nimport os\nimport sys\n\n\n'
           "def main(argv: list[str]) -> int:\n    parser = argparse.ArgumentParser()\n    ")
@@ -42,7 +43,7 @@ def test_triton_backend_matches_transformers(kind, hf_checkpoint):
 @pytest.fixture(scope="module")
 def reference_tokens():
     """Each prompt generated alone, on the contiguous cache of the foundation."""
-    llm = LLM("tiny", kv_cache="contiguous")
+    llm = LLM("tiny", kv_cache="contiguous", dtype="float32")
     return {p: token_ids(llm.generate(p, GREEDY, use_tqdm=False))[0] for p in PROMPTS}
 
 
@@ -52,7 +53,8 @@ def reference_tokens():
 def test_backends_and_prefix_caching_give_the_same_tokens(backend, caching, reference_tokens):
     if backend == "triton":
         pytest.importorskip("triton")
-    llm = LLM("tiny", attention_backend=backend, enable_prefix_caching=caching, max_model_len=128)
+    llm = LLM("tiny", attention_backend=backend, enable_prefix_caching=caching, max_model_len=128,
+              dtype="float32")
     first = llm.generate(PROMPTS[:1], GREEDY, use_tqdm=False)  # fills the prefix cache
     rest = llm.generate(PROMPTS[1:], GREEDY, use_tqdm=False)  # shares SYSTEM's leading blocks
     assert token_ids(first + rest) == [reference_tokens[p] for p in PROMPTS]
@@ -68,7 +70,7 @@ def test_preemption_and_aborts_leave_outputs_unchanged_and_blocks_free(reference
     # 28 blocks of 4 tokens: two of the ~52-token prompts fit (13 + 14 blocks), but not their growth,
     # so the scheduler must queue, preempt the most recent sequence when decodes run out of blocks,
     # and recompute it later.
-    llm = LLM("tiny", block_size=4, num_kv_blocks=28, max_model_len=100)
+    llm = LLM("tiny", block_size=4, num_kv_blocks=28, max_model_len=100, dtype="float32")
     engine = llm.llm_engine
     preempted = []
     engine.step_listeners.append(lambda event: preempted.extend(event.preempted))
@@ -97,7 +99,7 @@ def test_pool_size_follows_the_arguments():
     llm = LLM("tiny", max_num_seqs=4, max_model_len=100)  # the cap: 4 sequences of 100 tokens
     engine = llm.llm_engine
     assert engine.block_manager.num_blocks == 4 * 7
-    per_token = engine.model_config.kv_bytes_per_token(4)
+    per_token = engine.model_config.kv_bytes_per_token(engine.dtype.itemsize)
     assert engine.kv_cache.reserved_bytes == engine.block_manager.num_blocks * 16 * per_token
     assert LLM("tiny", num_kv_blocks=40, max_model_len=64).llm_engine.block_manager.num_blocks == 40
 
