@@ -89,7 +89,9 @@ class BlockManager:
     # -- allocation ----------------------------------------------------------------------------------
 
     def can_allocate(self, seq: Sequence) -> bool:
-        hits = self.match_prefix(seq)
+        return self._fits(seq, self.match_prefix(seq))
+
+    def _fits(self, seq: Sequence, hits: list[int]) -> bool:
         # A hit on a free block takes it off the free list as surely as a fresh allocation does.
         reused_free = sum(1 for b in hits if self.blocks[b].ref_count == 0)
         return self.blocks_needed(seq.num_tokens) - len(hits) <= self.num_free_blocks - reused_free
@@ -99,9 +101,9 @@ class BlockManager:
         tokens in hit blocks count as computed already. Returns how many tokens were hits."""
         if seq.block_table:
             raise RuntimeError(f"{seq.request_id!r} already has blocks")
-        if not self.can_allocate(seq):
-            raise RuntimeError(f"not enough free KV blocks for {seq.request_id!r}")
         hits = self.match_prefix(seq)
+        if not self._fits(seq, hits):
+            raise RuntimeError(f"not enough free KV blocks for {seq.request_id!r}")
         for block_id in hits:
             self._take(block_id)
         seq.block_table = list(hits)
@@ -163,8 +165,3 @@ class BlockManager:
         if block.block_hash is not None:
             del self.cached_block_ids[block.block_hash]
             block.block_hash, block.token_ids = None, ()
-
-    def reset_prefix_cache(self) -> None:
-        """Forget every cached prefix that no running sequence uses."""
-        for block_id in self.free_block_ids:
-            self.evict(block_id)

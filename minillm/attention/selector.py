@@ -17,10 +17,11 @@ def resolve_attention_backend(name: str, device: torch.device, block_size: int) 
     too slow to serve with; ask for it by name to study the kernels)."""
     if name not in ATTENTION_BACKENDS:
         raise ValueError(f"attention_backend must be one of {ATTENTION_BACKENDS}, got {name!r}")
-    triton_ok, reason = triton_status()
     if name == "auto":
-        return "triton" if device.type == "cuda" and triton_ok and block_size >= 16 else "torch"
+        # Triton is imported only where it could be chosen: the import alone takes a while.
+        return "triton" if device.type == "cuda" and block_size >= 16 and triton_status()[0] else "torch"
     if name == "triton":
+        triton_ok, reason = triton_status()
         if not triton_ok:
             raise ValueError(f"attention_backend='triton' cannot run here: {reason}")
         if device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":

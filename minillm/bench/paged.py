@@ -54,12 +54,11 @@ def mixed_workload(token_ids: list[int], num_requests: int, max_tokens: int, see
     return requests
 
 
-def run(llm: LLM, requests: list[tuple[list[int], SamplingParams]]) -> tuple[Trace, list, float]:
-    start = time.perf_counter()
+def run(llm: LLM, requests: list[tuple[list[int], SamplingParams]]) -> tuple[Trace, list]:
     with record(llm) as trace:
         outs = llm.generate([{"prompt_token_ids": p} for p, _ in requests], [s for _, s in requests],
                             use_tqdm=False)
-    return trace, outs, time.perf_counter() - start
+    return trace, outs
 
 
 def memory_row(cache: str, trace: Trace, outs: list, reference: list) -> dict:
@@ -88,7 +87,7 @@ def bench_memory(model: str, num_requests: int, max_tokens: int, budget_blocks: 
         for cache, llm in llms.items():
             if budget is not None:
                 llm = LLM(model, kv_cache=cache, num_kv_blocks=budget, **engine_args)
-            trace, outs, _ = run(llm, requests)
+            trace, outs = run(llm, requests)
             tokens = [o.outputs[0].token_ids for o in outs]
             reference = reference or tokens
             label = cache if budget is None else f"{cache}, {budget * block_size}-token budget"

@@ -84,13 +84,14 @@ def _run(append_slots: Callable, free: Callable, name: str, seed: int) -> None:
     managers = [BlockManager(10, BLOCK_SIZE), BlockManager(10, BLOCK_SIZE)]
     live: list[list[Sequence]] = [[], []]
     funcs = [(reference_append_slots, reference_free), (append_slots, free)]
+    for blocks, (do_append, _) in zip(managers, funcs):
+        # The engine's own call (from allocate) goes to the function under test, as in the engine.
+        blocks.append_slots = functools.partial(_adapt, do_append, blocks)
     for op in _workload(seed):
         described = ""
         for side in (0, 1):
             blocks, seqs = managers[side], live[side]
             do_append, do_free = funcs[side]
-            # The learner's function is called where the engine would call it; the rest is the reference's.
-            blocks.append_slots = functools.partial(_adapt, do_append, blocks)
             if op[0] == "add":
                 seq = _sequence(op[1], op[2])
                 if not blocks.can_allocate(seq):
