@@ -248,6 +248,19 @@ def grade_pair(tmp_path_factory, solution: Path, exercise: Path) -> dict:
                       report=str(tmp / "grades.csv"))
 
 
+def assert_full_marks_and_zero(graded: dict, exercise: Path, points: int) -> None:
+    """The solution passes every check of the exercise for `points` in all; the untouched exercise
+    fails every one, each because it is not implemented yet."""
+    ids = [c.grade_id for c in check_cells(read(exercise))]
+    solution = [r for (name, _), r in graded.items() if name == "solution"]
+    assert [r["check_id"] for r in solution] == ids
+    assert all(r["passed"] == "true" for r in solution), [r["message"] for r in solution]
+    assert sum(float(r["points_earned"]) for r in solution) == points
+    untouched = [r for (name, _), r in graded.items() if name == "exercise"]
+    assert len(untouched) == len(ids) and all(r["points_earned"] == "0" for r in untouched)
+    assert all("is not implemented yet" in r["message"] for r in untouched), [r["message"] for r in untouched]
+
+
 @pytest.fixture(scope="module")
 def graded_repo(tmp_path_factory) -> dict:
     """The solution and the untouched exercise, graded once for the tests below."""

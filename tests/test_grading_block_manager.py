@@ -6,13 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from test_grading import grade_pair
+from test_grading import assert_full_marks_and_zero, grade_pair
 
 from minillm import LLM
 from minillm.block_manager import BlockManager
 from minillm.grading import checks_block_manager as checks
 from minillm.grading.feedback import CheckFailed
-from minillm.grading.notebook import checks as check_cells
 from minillm.grading.notebook import is_solution, read
 
 REPO = Path(__file__).resolve().parents[1]
@@ -103,10 +102,4 @@ def graded(tmp_path_factory) -> dict:
 
 @pytest.mark.slow
 def test_the_solution_gets_full_marks_and_the_exercise_zero(graded):
-    ids = [c.grade_id for c in check_cells(read(EXERCISE))]
-    solution = [r for (name, _), r in graded.items() if name == "solution"]
-    assert [r["check_id"] for r in solution] == ids
-    assert all(r["passed"] == "true" for r in solution) and sum(float(r["points_earned"]) for r in solution) == 8
-    exercise = [r for (name, _), r in graded.items() if name == "exercise"]
-    assert len(exercise) == len(ids) and all(r["points_earned"] == "0" for r in exercise)
-    assert all("is not implemented yet" in r["message"] for r in exercise), exercise
+    assert_full_marks_and_zero(graded, EXERCISE, 8)

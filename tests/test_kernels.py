@@ -10,6 +10,7 @@ import torch
 
 pytest.importorskip("triton")
 
+from minillm.kernels import random_inputs  # noqa: E402
 from minillm.kernels.paged_decode import paged_decode_attention  # noqa: E402
 from minillm.kernels.paged_prefill import paged_prefill_attention  # noqa: E402
 from minillm.kernels.reference import (  # noqa: E402
@@ -25,22 +26,7 @@ TOLERANCE = {torch.float32: 1e-4, torch.float16: 2e-3, torch.bfloat16: 2e-2}  # 
 
 
 def paged_batch(seq_lens, num_kv_heads, head_dim, block_size, dtype, seed):
-    """A pool four times larger than the batch needs, filled with signed noise, and block tables that
-    pick each sequence's blocks from it at random (rows padded with arbitrary valid ids)."""
-    gen = torch.Generator().manual_seed(seed)
-    per_seq = [-(-n // block_size) for n in seq_lens]
-    num_blocks = 4 * sum(per_seq) + 3
-    shape = (num_blocks, block_size, num_kv_heads, head_dim)
-    k_cache = torch.randn(shape, generator=gen).to(DEVICE, dtype)
-    v_cache = torch.randn(shape, generator=gen).to(DEVICE, dtype)
-    ids = torch.randperm(num_blocks, generator=gen)
-    tables = torch.randint(0, num_blocks, (len(seq_lens), max(per_seq)), generator=gen)
-    taken = 0
-    for i, n in enumerate(per_seq):
-        tables[i, :n] = ids[taken:taken + n]
-        taken += n
-    lens = torch.tensor(seq_lens, dtype=torch.int32, device=DEVICE)
-    return k_cache, v_cache, tables.to(DEVICE, torch.int32), lens
+    return random_inputs.paged_batch(seq_lens, num_kv_heads, head_dim, block_size, dtype, seed, DEVICE)
 
 
 def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:

@@ -38,12 +38,12 @@ def check_generation(llm: LLM, owner: object, attr: str, reference: Callable, le
     signature = inspect.signature(reference)
     last_call = {"inputs": "none yet", "returned": ""}
 
-    def guarded(*args: Any) -> Any:
-        bound = signature.bind(*args).arguments.items()
+    def guarded(*args: Any, **kwargs: Any) -> Any:
+        bound = signature.bind(*args, **kwargs).arguments.items()
         last_call["inputs"] = ", ".join(f"{k} {shape(v)}" if isinstance(v, torch.Tensor) else f"{k}={v!r}"
                                         for k, v in bound)
         last_call["returned"] = ""
-        out = call_learner(learner, name, f"a call from the engine with {last_call['inputs']}", *args)
+        out = call_learner(learner, name, f"a call from the engine with {last_call['inputs']}", *args, **kwargs)
         last_call["returned"] = f", and it returned {shape(out)}"
         return out
 
