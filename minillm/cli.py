@@ -62,6 +62,19 @@ def _bench_paged(args) -> None:
     print(f"wrote {args.out}")
 
 
+def _bench_throughput(args) -> None:
+    from minillm.bench.report import format_table, write_json
+    from minillm.bench.throughput import COLUMNS, bench_throughput
+
+    rows, summary = bench_throughput(args.model, args.num_requests, args.batch_size, args.max_prompt,
+                                     args.max_output, args.seed, device=args.device, dtype=args.dtype)
+    print(format_table(rows, COLUMNS))
+    print(json.dumps(summary))
+    config = {k: v for k, v in vars(args).items() if k not in ("func", "out", "command", "benchmark")}
+    write_json(args.out, "throughput", config, rows, summary)
+    print(f"wrote {args.out}")
+
+
 def _bench_attention(args) -> None:
     from minillm.bench.attention import DECODE_COLUMNS, PREFILL_COLUMNS, bench_attention
     from minillm.bench.report import format_table, write_json
@@ -141,6 +154,15 @@ def build_parser() -> argparse.ArgumentParser:
     paged.add_argument("--seed", type=int, default=0)
     paged.add_argument("--out", type=Path, default=Path("bench-results/paged.json"))
     paged.set_defaults(func=_bench_paged)
+    tput = bench.add_parser("throughput", help="continuous against static batching and transformers generate")
+    model_args(tput)
+    tput.add_argument("--num-requests", type=int, default=64)
+    tput.add_argument("--batch-size", type=int, default=16, help="requests served at once (max_num_seqs)")
+    tput.add_argument("--max-prompt", type=int, default=512)
+    tput.add_argument("--max-output", type=int, default=512)
+    tput.add_argument("--seed", type=int, default=0)
+    tput.add_argument("--out", type=Path, default=Path("bench-results/throughput.json"))
+    tput.set_defaults(func=_bench_throughput)
     attn = bench.add_parser("attention", help="Triton attention kernels against memory bandwidth and SDPA (CUDA)")
     attn.add_argument("--batch", type=int, default=8)
     attn.add_argument("--out", type=Path, default=Path("bench-results/attention.json"))

@@ -31,7 +31,7 @@ PromptType = str | dict
 
 class LLMEngine:
     def __init__(self, model: str, *, dtype: str | torch.dtype = "auto", device: str | None = None,
-                 skip_tokenizer_init: bool = False, max_num_seqs: int = 256,
+                 skip_tokenizer_init: bool = False, max_num_seqs: int = 256, max_num_batched_tokens: int = 2048,
                  max_model_len: int | None = None, kv_cache: str = "paged", block_size: int = 16,
                  num_kv_blocks: int | None = None, gpu_memory_utilization: float = 0.9,
                  enable_prefix_caching: bool = True, attention_backend: str = "auto", seed: int = 0) -> None:
@@ -42,6 +42,9 @@ class LLMEngine:
             raise ValueError(f"block_size must be a power of two in [1, 1024], got {block_size!r}")
         if isinstance(max_num_seqs, bool) or not isinstance(max_num_seqs, int) or max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be an integer >= 1, got {max_num_seqs!r}")
+        if isinstance(max_num_batched_tokens, bool) or not isinstance(max_num_batched_tokens, int) or \
+                max_num_batched_tokens < 1:
+            raise ValueError(f"max_num_batched_tokens must be an integer >= 1, got {max_num_batched_tokens!r}")
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise ValueError(f"seed must be an integer, got {seed!r}")
         path = resolve_model_path(model)
@@ -75,7 +78,8 @@ class LLMEngine:
                 self.kv_cache = ContiguousKVCache(config, self.dtype, self.device, num_blocks * block_size)
                 backend = ContiguousAttention()
         self.model_runner = ModelRunner(self.model, backend, self.kv_cache, self.device, seed)
-        self.scheduler = Scheduler(max_num_seqs, None if self.block_manager else self.kv_cache, self.block_manager)
+        self.scheduler = Scheduler(max_num_seqs, max_num_batched_tokens,
+                                   None if self.block_manager else self.kv_cache, self.block_manager)
         self.output_processor = OutputProcessor(self.tokenizer)
         self.step_listeners: list[Callable[[StepEvent], None]] = []  # see trace.py
         self.num_steps = 0
@@ -103,17 +107,20 @@ class LLMEngine:
         return self.scheduler.has_unfinished_requests()
 
     def step(self) -> list[RequestOutput]:
+        """One iteration: schedule, run, sample, postprocess."""
         batch = self.scheduler.schedule()
         if not batch.seqs:
             return []
         sampled = self.model_runner.run(batch)
-        for seq, n in zip(batch.seqs, batch.num_new_tokens):
-            seq.num_computed_tokens += n if self.kv_cache is not None else 0
-            if self.block_manager is not None:
-                self.block_manager.cache_full_blocks(seq)
-        outputs = self.output_processor.process(batch.seqs, sampled)
+        if self.kv_cache is not None:
+            for seq, n in zip(batch.seqs, batch.num_new_tokens):
+                seq.num_computed_tokens += n
+                if self.block_manager is not None:
+                    self.block_manager.cache_full_blocks(seq)
+        sampling = [seq for seq, sample in zip(batch.seqs, batch.do_sample) if sample]
+        outputs = self.output_processor.process(sampling, sampled) if sampling else []
         states = self._seq_states(batch) if self.step_listeners else None
-        for seq in batch.seqs:
+        for seq in sampling:
             if seq.finish_reason is not None:
                 self.scheduler.finish(seq)
         if states is not None:
@@ -145,7 +152,7 @@ class LLMEngine:
     def _seq_states(self, batch: ScheduledBatch) -> tuple[SeqState, ...]:
         states = []
         for seq, n in zip(batch.seqs, batch.num_new_tokens):
-            start = seq.num_tokens - 1 - n  # first position computed this step (before the new token)
+            start = seq.num_computed_tokens - n if self.kv_cache is not None else 0  # first position computed
             prefill = max(0, min(start + n, seq.num_prompt_tokens) - start)
             if self.block_manager is not None:
                 reserved = len(seq.block_table) * self.block_manager.block_size

@@ -17,7 +17,8 @@ from minillm.sampling_params import RequestOutputKind, SamplingParams
 class LLM:
     def __init__(self, model: str, **engine_args) -> None:
         """model: "tiny", "tiny-draft", a local Hugging Face folder, or a Hub id.
-        engine_args: dtype, device, skip_tokenizer_init, max_num_seqs, max_model_len, seed, and the cache:
+        engine_args: dtype, device, skip_tokenizer_init, max_model_len, seed; the scheduler's max_num_seqs and
+        max_num_batched_tokens (tokens per step; longer prompts are prefilled in chunks); and the cache:
         kv_cache ("paged", "contiguous" or "none"), block_size, num_kv_blocks, gpu_memory_utilization,
         enable_prefix_caching, attention_backend ("auto", "torch" or "triton")."""
         self.llm_engine = LLMEngine(model, **engine_args)

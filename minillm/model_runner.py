@@ -1,4 +1,5 @@
-"""Runs one scheduled step: flatten the batch, run the model, sample one token per sequence."""
+"""Runs one scheduled step: flatten the batch, run the model, sample one token for each sequence
+that has computed all its tokens (not for a prompt chunk that leaves some of the prompt for later)."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ class ModelRunner:
         self.sampler = Sampler(torch.Generator(device=device).manual_seed(seed))
 
     @torch.inference_mode()
-    def run(self, batch: ScheduledBatch) -> SamplerOutput:
+    def run(self, batch: ScheduledBatch) -> SamplerOutput | None:
         input_ids: list[int] = []
         positions: list[int] = []
         query_start_loc = [0]
@@ -43,9 +44,14 @@ class ModelRunner:
         hidden = self.model(torch.tensor(input_ids, device=self.device),
                             torch.tensor(positions, device=self.device),
                             functools.partial(self.attn_backend.forward, metadata=metadata))
-        last_token_rows = torch.tensor(query_start_loc[1:], device=self.device) - 1
-        logits = self.model.compute_logits(hidden[last_token_rows])
-        return self.sampler(logits, SamplingMetadata.from_seqs(batch.seqs, self.device))
+        # Logits only where a token is sampled: at each sampling sequence's last position.
+        sampling = [(seq, end - 1) for seq, end, sample in zip(batch.seqs, query_start_loc[1:], batch.do_sample)
+                    if sample]
+        if not sampling:
+            return None
+        seqs, rows = zip(*sampling)
+        logits = self.model.compute_logits(hidden[torch.tensor(rows, device=self.device)])
+        return self.sampler(logits, SamplingMetadata.from_seqs(list(seqs), self.device))
 
     def _add_paged_metadata(self, metadata: AttentionMetadata, batch: ScheduledBatch) -> None:
         block_size = self.kv_cache.block_size
@@ -66,6 +72,7 @@ class ModelRunner:
         metadata.max_seq_len = max(seq_lens)
         metadata.cu_seqlens_q = tensor(metadata.query_start_loc)
         metadata.max_query_len = max(batch.num_new_tokens)
+        metadata.num_decodes = next((i for i, n in enumerate(batch.num_new_tokens) if n > 1), len(batch.seqs))
 
 
 @torch.inference_mode()

@@ -1,13 +1,17 @@
 """Decides, before every step, which sequences run and how many of their tokens go in.
 
-Requests are admitted first come, first served, up to max_num_seqs at once, each with its whole
-prompt in one step; running sequences then add one token per step. A newly admitted prompt and the
-running decodes share a step, since the batch is flattened and needs no padding.
+Every step has a token budget, `max_num_batched_tokens`, and at most `max_num_seqs` sequences run at
+once. Running sequences are served first, oldest first: a decode costs one token, a prompt still
+being prefilled costs the rest of it, or as much as the budget has left. Whatever budget remains
+admits waiting requests, first come, first served, their prompts cut into chunks that fit
+(chunked prefill). So one step can mix prefill chunks and decodes, and a long prompt never stalls
+the decodes of everyone else. The batch is flattened, so the mix needs no padding.
 
-With the paged cache, a request is admitted only when the pool has blocks for its prompt, and the
-running sequences get their next slot first. When a running sequence needs a block and none is
-free, the most recently admitted sequence is preempted: its blocks are freed and it goes back to
-the front of the queue, to be recomputed from its tokens later (its output does not change).
+With the paged cache a request is admitted only when the pool has blocks for its prompt. When a
+running sequence needs a block for its next token and none is free, the most recently admitted
+sequence is preempted: its blocks are freed and it goes back to the front of the queue, to be
+recomputed from its tokens later (its output does not change). No request is admitted in a step
+that preempted, so that the victim comes back first.
 """
 
 from __future__ import annotations
@@ -26,12 +30,28 @@ class ScheduledBatch:
     seqs: list[Sequence]
     num_new_tokens: list[int]  # tokens of each sequence that this step computes
     preempted: list[Sequence]  # sent back to the queue by this step's scheduling
+    # Whether each sequence samples a token this step: not while a prompt chunk leaves some of
+    # the prompt for later.
+    do_sample: list[bool]
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return sum(self.num_new_tokens)
+
+    def decodes_first(self) -> None:
+        """Reorder so that sequences computing one token come first, in their order: attention
+        then runs them through the decode kernel in one call and only the rest through prefill."""
+        order = sorted(range(len(self.seqs)), key=lambda i: self.num_new_tokens[i] > 1)
+        self.seqs = [self.seqs[i] for i in order]
+        self.num_new_tokens = [self.num_new_tokens[i] for i in order]
+        self.do_sample = [self.do_sample[i] for i in order]
 
 
 class Scheduler:
-    def __init__(self, max_num_seqs: int, kv_cache: ContiguousKVCache | None,
+    def __init__(self, max_num_seqs: int, max_num_batched_tokens: int, kv_cache: ContiguousKVCache | None,
                  block_manager: BlockManager | None = None) -> None:
         self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
         self.kv_cache = kv_cache
         self.block_manager = block_manager
         self.waiting: deque[Sequence] = deque()
@@ -44,43 +64,68 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def schedule(self) -> ScheduledBatch:
-        preempted = self._reserve_decode_slots() if self.block_manager is not None else []
+        batch = ScheduledBatch([], [], [], [])
+        budget = self.max_num_batched_tokens
+        for seq in list(self.running):
+            if budget <= 0:
+                break
+            if seq.status is not SequenceStatus.RUNNING:  # preempted a moment ago, for an older one
+                continue
+            n = self._num_new_tokens(seq, budget)
+            if self.block_manager is not None and not self._reserve(seq, seq.num_computed_tokens + n, batch):
+                continue
+            budget -= self._add(batch, seq, n)
         now = time.time()
-        while self.waiting and len(self.running) < self.max_num_seqs:
+        while self.waiting and budget > 0 and not batch.preempted and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
-            if self.block_manager is not None:
-                if not self.block_manager.can_allocate(seq):
-                    break
-                hit_tokens = self.block_manager.allocate(seq)
-                if seq.metrics.first_scheduled_time is None:
-                    seq.num_cached_tokens = hit_tokens
-            elif self.kv_cache is not None:
-                if not self.kv_cache.can_allocate(seq):
-                    break
-                self.kv_cache.allocate(seq)
+            if not self._allocate(seq):
+                break
             self.waiting.popleft()
             seq.status = SequenceStatus.RUNNING
             if seq.metrics.first_scheduled_time is None:
                 seq.metrics.first_scheduled_time = now
             self.running.append(seq)
-        # Without a cache nothing is ever computed for good, so every step feeds every token again.
-        return ScheduledBatch(list(self.running), [s.num_tokens - s.num_computed_tokens for s in self.running],
-                              preempted)
+            budget -= self._add(batch, seq, self._num_new_tokens(seq, budget))
+        batch.decodes_first()
+        return batch
 
-    def _reserve_decode_slots(self) -> list[Sequence]:
-        preempted = []
-        for seq in list(self.running):
-            if seq not in self.running:  # preempted a moment ago to make room for an earlier one
-                continue
-            while not self.block_manager.can_append(seq):
-                victim = self.running[-1]
-                self.preempt(victim)
-                preempted.append(victim)
-                if victim is seq:
-                    break
-            else:
-                self.block_manager.append_slots(seq)
-        return preempted
+    def _num_new_tokens(self, seq: Sequence, budget: int) -> int:
+        if self.kv_cache is None and self.block_manager is None:
+            return seq.num_tokens  # nothing is ever cached: every step feeds every token again
+        return min(seq.num_tokens - seq.num_computed_tokens, budget)
+
+    @staticmethod
+    def _add(batch: ScheduledBatch, seq: Sequence, n: int) -> int:
+        batch.seqs.append(seq)
+        batch.num_new_tokens.append(n)
+        batch.do_sample.append(seq.num_computed_tokens + n == seq.num_tokens)
+        return n
+
+    def _allocate(self, seq: Sequence) -> bool:
+        """Cache memory for a newly admitted sequence; False if there is none yet."""
+        if self.block_manager is not None:
+            if not self.block_manager.can_allocate(seq):
+                return False
+            hit_tokens = self.block_manager.allocate(seq)
+            if seq.metrics.first_scheduled_time is None:
+                seq.num_cached_tokens = hit_tokens
+        elif self.kv_cache is not None:
+            if not self.kv_cache.can_allocate(seq):
+                return False
+            self.kv_cache.allocate(seq)
+        return True
+
+    def _reserve(self, seq: Sequence, num_tokens: int, batch: ScheduledBatch) -> bool:
+        """Blocks for seq's first num_tokens tokens, preempting the newest sequences until they fit;
+        False if seq itself had to go."""
+        while not self.block_manager.can_append(seq, num_tokens):
+            victim = self.running[-1]
+            self.preempt(victim)
+            batch.preempted.append(victim)
+            if victim is seq:
+                return False
+        self.block_manager.append_slots(seq, num_tokens)
+        return True
 
     def preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)

@@ -71,3 +71,19 @@ def test_bench_paged_writes_json(tmp_path):
     # Paging reserves at most one partly filled block per sequence beyond what it uses.
     assert summary["memory"]["paged_kv_utilisation"] > summary["memory"]["contiguous_kv_utilisation"]
     assert summary["prefix_cache"]["prefill_tokens_saved"] > 0.5
+
+
+@pytest.mark.slow
+def test_bench_throughput_writes_json(tmp_path):
+    out = tmp_path / "throughput.json"
+    result = minillm("bench", "throughput", "--num-requests", "6", "--batch-size", "2", "--max-prompt", "24",
+                     "--max-output", "16", "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    assert "TTFT p50 ms" in result.stdout and "transformers generate" in result.stdout
+    payload = json.loads(out.read_text())
+    rows = {r["system"]: r for r in payload["rows"]}
+    assert set(rows) == {"minillm continuous", "minillm static", "transformers generate"}
+    # Every system generated every request's tokens; minillm's two schedules the same ones, greedy.
+    assert len({r["output_tokens"] for r in rows.values()}) == 1 and rows["minillm static"]["same_tokens"] == "6/6"
+    assert all(r["tpot_p95_ms"] >= r["tpot_p50_ms"] > 0 and r["ttft_p95_ms"] >= r["ttft_p50_ms"] > 0
+               for r in rows.values())

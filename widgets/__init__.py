@@ -3,28 +3,29 @@ simulate the engine.
 
 Two layers:
 - pure figures, `trace -> plotly go.Figure`, deterministic and free of ipywidgets:
-  `cache_growth_figure`, `block_pool_figure`; built on timeseries.py (per-step columns, shared axes and lines),
-  colors.py (one colour per request id) and formatting.py (`format_bytes`, `format_percent`);
+  `cache_growth_figure`, `block_pool_figure`, `batch_slots_figure`; built on timeseries.py (per-step
+  columns, shared axes and lines), colors.py (one colour per request id) and formatting.py
+  (`format_bytes`, `format_percent`);
 - live views, ipywidgets that follow an engine while `generate` runs or show a recorded trace:
-  `CacheGrowth`, `BlockPool`; built on live.py (listener, throttled redraw, step slider) and figure_host.py
-  (plotly FigureWidget, or an Output fallback).
+  `CacheGrowth`, `BlockPool`, `BatchSlots`; built on live.py (listener, throttled redraw, step slider)
+  and figure_host.py (plotly FigureWidget, or an Output fallback).
 
 Adding a view, e.g. DraftAcceptance: a pure `draft_acceptance_figure(trace, *, step=None)` from
 `per_step` / `step_figure` / `total_line`; then `class DraftAcceptance(LiveView)` with its
-`figure(step)` calling it. BatchSlots (slots x steps) reuses `upto`, `per_request` and
-`request_color` for a heatmap, as BlockPool reuses `request_color`, `format_bytes` and LiveView,
-whose step slider picks the step to show.
+`figure(step)` calling it, as BlockPool and BatchSlots do with `request_color` and LiveView, whose
+step slider picks the step to show.
 
 Live views are imported lazily, so the pure layer works without ipywidgets.
 """
 
+from .batch_slots import batch_slots_figure
 from .block_pool import block_pool_figure
 from .cache_growth import cache_growth_figure
 from .colors import request_color
 from .formatting import format_bytes, format_percent
 
-__all__ = ["BlockPool", "CacheGrowth", "block_pool_figure", "cache_growth_figure", "format_bytes", "format_percent",
-           "request_color"]
+__all__ = ["BatchSlots", "BlockPool", "CacheGrowth", "batch_slots_figure", "block_pool_figure", "cache_growth_figure",
+           "format_bytes", "format_percent", "request_color"]
 
 
 def __getattr__(name: str):
@@ -32,6 +33,10 @@ def __getattr__(name: str):
         from .cache_growth_view import CacheGrowth
 
         return CacheGrowth
+    if name == "BatchSlots":
+        from .batch_slots_view import BatchSlots
+
+        return BatchSlots
     if name == "BlockPool":
         from .block_pool_view import BlockPool
 

@@ -12,7 +12,7 @@ import plotly.graph_objects as go
 
 from minillm.trace import StepEvent, Trace
 
-from .colors import request_color
+from .colors import request_color, request_order
 from .formatting import format_bytes, format_percent
 
 FREE_COLOR = "#e6e6e6"
@@ -52,7 +52,7 @@ def block_pool_figure(trace: Trace, *, step: int | None = None, columns: int | N
         groups.setdefault(held[0][0] if held else "free", []).append(block_id)
     fig = go.Figure()
     cell = min(22, max(6, (WIDTH - 120) // columns - 2))
-    for name, blocks in sorted(groups.items(), key=lambda kv: (kv[0] != "free", _order(kv[0]))):
+    for name, blocks in sorted(groups.items(), key=lambda kv: (kv[0] != "free", request_order(kv[0]))):
         fig.add_trace(go.Scatter(
             x=[b % columns for b in blocks], y=[b // columns for b in blocks], mode="markers+text",
             name="free" if name == "free" else f"request {name}",
@@ -99,6 +99,3 @@ def _caption(trace: Trace, event: StepEvent | None, owners: dict, cached: set[in
             f"{format_percent(in_use_tokens / max(1, held * info.block_size))} of held slots filled · "
             f"prefix hits {hits} tokens")
 
-
-def _order(request_id: str) -> tuple[int, str]:
-    return (int(request_id), "") if request_id.isdecimal() else (1 << 62, request_id)

@@ -22,3 +22,8 @@ def request_color(request_id: str) -> str:
     in every process."""
     index = int(request_id) if request_id.isdecimal() else zlib.crc32(request_id.encode())
     return PALETTE[index % len(PALETTE)]
+
+
+def request_order(request_id: str) -> tuple[int, str]:
+    """Sort key: numeric ids in numeric order, then the others."""
+    return (int(request_id), "") if request_id.isdecimal() else (1 << 62, request_id)

@@ -25,6 +25,8 @@ class AttentionMetadata:
     cu_seqlens_q: torch.Tensor | None = None  # [num_seqs + 1] int32: query_start_loc on the device
     max_query_len: int = 0
     max_seq_len: int = 0
+    # The batch puts single-query sequences (decodes) first: the first num_decodes sequences.
+    num_decodes: int = 0
 
     @property
     def num_seqs(self) -> int:

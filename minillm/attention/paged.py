@@ -2,7 +2,9 @@
 then attends by reading each sequence's blocks through its block table.
 
 Two kernels do the reading: decode (every sequence brings one query) and prefill (a ragged batch
-of several queries per sequence, attending to their cached prefix and causally to each other). The
+of several queries per sequence, attending to their cached prefix and causally to each other). A
+step that mixes them has its single-query sequences first (the scheduler orders them so): one
+decode call takes those, one prefill call the rest. The
 `torch` implementation is the readable reference; `triton` runs the kernels in minillm/kernels.
 """
 
@@ -44,9 +46,17 @@ class PagedAttention:
                 metadata: AttentionMetadata) -> torch.Tensor:
         k_cache, v_cache = self.kv_pool.kv_caches[layer_idx]
         self.ops.store_kvcache(k, v, k_cache, v_cache, metadata.slot_mapping)
-        if metadata.max_query_len == 1:
+        d = metadata.num_decodes
+        if d == metadata.num_seqs:
             return self.ops.paged_decode_attention(q, k_cache, v_cache, metadata.block_tables, metadata.seq_lens,
                                                    self.scale, max_seq_len=metadata.max_seq_len)
-        return self.ops.paged_prefill_attention(q, k_cache, v_cache, metadata.cu_seqlens_q, metadata.seq_lens,
-                                                metadata.block_tables, self.scale,
-                                                max_query_len=metadata.max_query_len)
+        # Prompt chunks (their queries start at row d), and any decodes before them in one decode call.
+        out = torch.empty_like(q)
+        if d:
+            out[:d] = self.ops.paged_decode_attention(q[:d], k_cache, v_cache, metadata.block_tables[:d],
+                                                      metadata.seq_lens[:d], self.scale,
+                                                      max_seq_len=metadata.max_seq_len)
+        out[d:] = self.ops.paged_prefill_attention(q[d:], k_cache, v_cache, metadata.cu_seqlens_q[d:] - d,
+                                                   metadata.seq_lens[d:], metadata.block_tables[d:], self.scale,
+                                                   max_query_len=metadata.max_query_len)
+        return out

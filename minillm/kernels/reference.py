@@ -10,6 +10,7 @@ of a sequence whose K/V are in the pool, this step's included.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from minillm.attention.reference import attend
 
@@ -33,10 +34,19 @@ def paged_decode_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: 
                                block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
                                max_seq_len: int | None = None) -> torch.Tensor:
     """One query per sequence, its last token: q [num_seqs, heads, head_dim] -> same shape.
+    The whole batch in one attention call: every sequence's blocks are gathered into rows of equal
+    length (a copy of its K/V, which the Triton kernel avoids), and keys past its length are masked.
     max_seq_len (and max_query_len below) spare a kernel reading lengths back from the GPU; the
     reference does not need them."""
-    cu_seqlens_q = torch.arange(q.shape[0] + 1, device=q.device)
-    return paged_prefill_attention_ref(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, scale)
+    num_seqs, num_heads, head_dim = q.shape
+    num_kv_heads = k_cache.shape[2]
+    k = k_cache[block_tables.long()].flatten(1, 2).transpose(1, 2)  # [num_seqs, kv_heads, L, head_dim]
+    v = v_cache[block_tables.long()].flatten(1, 2).transpose(1, 2)
+    visible = torch.arange(k.shape[2], device=q.device)[None, :] < seq_lens[:, None]
+    # The query heads sharing a KV head are its rows (grouped-query attention): [num_seqs, kv_heads, group, d].
+    qg = q.view(num_seqs, num_kv_heads, num_heads // num_kv_heads, head_dim)
+    out = F.scaled_dot_product_attention(qg, k, v, attn_mask=visible[:, None, None, :], scale=scale)
+    return out.reshape(num_seqs, num_heads, head_dim)
 
 
 def paged_prefill_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

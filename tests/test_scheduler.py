@@ -1,0 +1,107 @@
+"""The scheduler alone, driven by hypothesis through random workloads without a model: each step
+does to the sequences what the engine does (computes the scheduled tokens, samples where the batch
+says so, finishes at max_tokens, aborts at random), and the limits and guarantees are checked after
+every step."""
+
+from __future__ import annotations
+
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from minillm.block_manager import BlockManager
+from minillm.config import ModelConfig
+from minillm.kv_cache import ContiguousKVCache
+from minillm.loader import resolve_model_path
+from minillm.sampling_params import SamplingParams
+from minillm.scheduler import Scheduler
+from minillm.sequence import Sequence, SequenceStatus
+
+BLOCK_SIZE = 4
+TINY = ModelConfig.from_dir(resolve_model_path("tiny"))
+
+requests = st.lists(st.tuples(st.integers(1, 40), st.integers(1, 12), st.integers(0, 3)), min_size=1, max_size=20)
+
+
+def run(scheduler: Scheduler, workload: list[tuple[int, int, int]], aborts: set[int],
+        arrivals_per_step: int) -> dict[str, int]:
+    """Steps until every request is done; returns the step at which each one finished."""
+    pending = [Sequence(f"r{i}", None, [(i + t) % 7 for t in range(prompt)], SamplingParams(max_tokens=max_tokens),
+                        4096, frozenset(), None, 0.0) for i, (prompt, max_tokens, _) in enumerate(workload)]
+    seqs = list(pending)
+    finished: dict[str, int] = {}
+    blocks = scheduler.block_manager
+    for step in range(10_000):
+        for _ in range(arrivals_per_step):
+            if pending:
+                scheduler.add_request(pending.pop(0))
+        if not pending and not scheduler.has_unfinished_requests():
+            break
+        batch = scheduler.schedule()
+        assert batch.num_batched_tokens <= scheduler.max_num_batched_tokens
+        assert len(scheduler.running) <= scheduler.max_num_seqs
+        assert len({s.request_id for s in batch.seqs}) == len(batch.seqs)
+        assert all(s.status is SequenceStatus.RUNNING for s in batch.seqs)
+        assert all(s.status is SequenceStatus.WAITING and s.num_computed_tokens == 0 for s in batch.preempted)
+        for seq, n, sample in zip(batch.seqs, batch.num_new_tokens, batch.do_sample):
+            assert n >= 1 and seq.num_computed_tokens + n <= seq.num_tokens
+            if blocks is not None:
+                assert len(seq.block_table) * BLOCK_SIZE >= seq.num_computed_tokens + n
+            seq.num_computed_tokens += n
+            if blocks is not None:
+                blocks.cache_full_blocks(seq)
+            if sample:
+                seq.token_ids.append(0)
+                if seq.num_output_tokens == seq.params.max_tokens:
+                    scheduler.finish(seq)
+                    finished[seq.request_id] = step
+        for i, (_, _, abort_at) in enumerate(workload):
+            seq = seqs[i]
+            if i in aborts and abort_at == step % 4 and seq.status is not SequenceStatus.FINISHED \
+                    and scheduler.find(seq.request_id):
+                scheduler.finish(seq)
+                finished[seq.request_id] = step
+        if blocks is not None:
+            held = {b for s in scheduler.running for b in s.block_table}
+            assert all(blocks.blocks[b].ref_count > 0 for b in held)
+            assert not any(s.block_table for s in scheduler.waiting)
+    else:
+        raise AssertionError(f"not done after 10,000 steps: {scheduler.running} {list(scheduler.waiting)}")
+    assert len(finished) == len(workload)  # every admitted request finishes: nothing starves
+    if blocks is not None:
+        assert blocks.num_free_blocks == blocks.num_blocks  # and nothing leaks
+    return finished
+
+
+@settings(max_examples=60, deadline=None)
+@given(workload=requests, num_blocks=st.integers(13, 40), max_num_seqs=st.integers(1, 6),
+       budget=st.integers(1, 64), arrivals=st.integers(1, 5), caching=st.booleans(),
+       aborts=st.sets(st.integers(0, 19), max_size=5))
+def test_paged_limits_hold_and_every_request_finishes(workload, num_blocks, max_num_seqs, budget, arrivals, caching,
+                                                      aborts):
+    # 13 blocks of 4 tokens hold the longest request alone (40 + 12 tokens), as the engine guarantees.
+    scheduler = Scheduler(max_num_seqs, budget, None, BlockManager(num_blocks, BLOCK_SIZE, caching))
+    run(scheduler, workload, aborts, arrivals)
+
+
+@settings(max_examples=30, deadline=None)
+@given(workload=requests, max_num_seqs=st.integers(1, 6), budget=st.integers(1, 64), arrivals=st.integers(1, 5))
+def test_contiguous_limits_hold_and_every_request_finishes(workload, max_num_seqs, budget, arrivals):
+    cache = ContiguousKVCache(TINY, torch.float32, torch.device("cpu"), capacity_tokens=60)
+    run(Scheduler(max_num_seqs, budget, cache), workload, set(), arrivals)
+
+
+def test_decodes_go_first_and_prompts_fill_the_rest_in_chunks():
+    scheduler = Scheduler(max_num_seqs=4, max_num_batched_tokens=10,
+                          kv_cache=None, block_manager=BlockManager(64, BLOCK_SIZE))
+    short = Sequence("short", None, [1, 2, 3], SamplingParams(max_tokens=8), 4096, frozenset(), None, 0.0)
+    long = Sequence("long", None, list(range(25)), SamplingParams(max_tokens=8), 4096, frozenset(), None, 0.0)
+    scheduler.add_request(short)
+    scheduler.add_request(long)
+    batch = scheduler.schedule()  # short's whole prompt, then the first 7 tokens of long's
+    assert [(s.request_id, n, d) for s, n, d in zip(batch.seqs, batch.num_new_tokens, batch.do_sample)] == [
+        ("short", 3, True), ("long", 7, False)]
+    short.num_computed_tokens, long.num_computed_tokens = 3, 7
+    short.token_ids.append(9)
+    batch = scheduler.schedule()  # short's decode first, then 9 more tokens of long
+    assert list(zip([s.request_id for s in batch.seqs], batch.num_new_tokens)) == [("short", 1), ("long", 9)]
