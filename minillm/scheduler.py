@@ -10,8 +10,7 @@ the decodes of everyone else. The batch is flattened, so the mix needs no paddin
 With the paged cache a request is admitted only when the pool has blocks for its prompt. When a
 running sequence needs a block for its next token and none is free, the most recently admitted
 sequence is preempted: its blocks are freed and it goes back to the front of the queue, to be
-recomputed from its tokens later (its output does not change). No request is admitted in a step
-that preempted, so that the victim comes back first.
+recomputed from its tokens later (its output does not change).
 """
 
 from __future__ import annotations
@@ -37,6 +36,13 @@ class ScheduledBatch:
     @property
     def num_batched_tokens(self) -> int:
         return sum(self.num_new_tokens)
+
+    def add(self, seq: Sequence, num_new_tokens: int) -> int:
+        """Put seq in the batch, computing num_new_tokens of its tokens; returns that number."""
+        self.seqs.append(seq)
+        self.num_new_tokens.append(num_new_tokens)
+        self.do_sample.append(seq.num_computed_tokens + num_new_tokens == seq.num_tokens)
+        return num_new_tokens
 
     def decodes_first(self) -> None:
         """Reorder so that sequences computing one token come first, in their order: attention
@@ -71,38 +77,36 @@ class Scheduler:
                 break
             if seq.status is not SequenceStatus.RUNNING:  # preempted a moment ago, for an older one
                 continue
-            n = self._num_new_tokens(seq, budget)
+            n = self.num_new_tokens(seq, budget)
             if self.block_manager is not None and not self._reserve(seq, seq.num_computed_tokens + n, batch):
                 continue
-            budget -= self._add(batch, seq, n)
-        now = time.time()
-        while self.waiting and budget > 0 and not batch.preempted and len(self.running) < self.max_num_seqs:
-            seq = self.waiting[0]
-            if not self._allocate(seq):
-                break
-            self.waiting.popleft()
-            seq.status = SequenceStatus.RUNNING
-            if seq.metrics.first_scheduled_time is None:
-                seq.metrics.first_scheduled_time = now
-            self.running.append(seq)
-            budget -= self._add(batch, seq, self._num_new_tokens(seq, budget))
+            budget -= batch.add(seq, n)
+        self.admit(batch, budget)
         batch.decodes_first()
         return batch
 
-    def _num_new_tokens(self, seq: Sequence, budget: int) -> int:
+    def admit(self, batch: ScheduledBatch, budget: int) -> None:
+        """Waiting requests join the batch first come, first served, while the step has token budget
+        left, fewer than max_num_seqs run, and the cache has room for the next one's tokens. (After a
+        preemption the queue's head is the victim, which never fits in the same step: the block that
+        made room went to the older sequence.)"""
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            if not self.allocate(seq):
+                break  # the head of the queue waits for memory, and everyone behind it too
+            self.waiting.popleft()
+            self.running.append(seq)
+            budget -= batch.add(seq, self.num_new_tokens(seq, budget))
+
+    def num_new_tokens(self, seq: Sequence, budget: int) -> int:
+        """Tokens seq computes this step: all it has not computed yet, at most the budget left."""
         if self.kv_cache is None and self.block_manager is None:
             return seq.num_tokens  # nothing is ever cached: every step feeds every token again
         return min(seq.num_tokens - seq.num_computed_tokens, budget)
 
-    @staticmethod
-    def _add(batch: ScheduledBatch, seq: Sequence, n: int) -> int:
-        batch.seqs.append(seq)
-        batch.num_new_tokens.append(n)
-        batch.do_sample.append(seq.num_computed_tokens + n == seq.num_tokens)
-        return n
-
-    def _allocate(self, seq: Sequence) -> bool:
-        """Cache memory for a newly admitted sequence; False if there is none yet."""
+    def allocate(self, seq: Sequence) -> bool:
+        """Cache memory for a waiting sequence's tokens, which then counts as running; False (and
+        nothing changed) if the cache has no room for it yet."""
         if self.block_manager is not None:
             if not self.block_manager.can_allocate(seq):
                 return False
@@ -113,6 +117,9 @@ class Scheduler:
             if not self.kv_cache.can_allocate(seq):
                 return False
             self.kv_cache.allocate(seq)
+        seq.status = SequenceStatus.RUNNING
+        if seq.metrics.first_scheduled_time is None:
+            seq.metrics.first_scheduled_time = time.time()
         return True
 
     def _reserve(self, seq: Sequence, num_tokens: int, batch: ScheduledBatch) -> bool:

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -82,8 +83,25 @@ def test_bench_throughput_writes_json(tmp_path):
     assert "TTFT p50 ms" in result.stdout and "transformers generate" in result.stdout
     payload = json.loads(out.read_text())
     rows = {r["system"]: r for r in payload["rows"]}
-    assert set(rows) == {"minillm continuous", "minillm static", "transformers generate"}
+    assert set(rows) == {"minillm continuous", "minillm static", "minillm static, padded", "transformers generate"}
     # Every system generated every request's tokens; minillm's two schedules the same ones, greedy.
-    assert len({r["output_tokens"] for r in rows.values()}) == 1 and rows["minillm static"]["same_tokens"] == "6/6"
+    assert len({r["output_tokens"] for r in rows.values()}) == 1
+    assert rows["minillm static"]["same_tokens"] == rows["minillm static, padded"]["same_tokens"] == "6/6"
     assert all(r["tpot_p95_ms"] >= r["tpot_p50_ms"] > 0 and r["ttft_p95_ms"] >= r["ttft_p50_ms"] > 0
                for r in rows.values())
+
+
+@pytest.mark.slow
+def test_a_random_llama_checkpoint_serves_the_throughput_benchmark(tmp_path):
+    """The GPU run's model: scripts/random_llama.py (here at toy size) and the benchmark pointed at it."""
+    script = Path(__file__).resolve().parents[1] / "scripts" / "random_llama.py"
+    made = subprocess.run([sys.executable, str(script), str(tmp_path / "llama"), "--hidden", "64", "--layers", "2",
+                           "--heads", "4", "--kv-heads", "2", "--intermediate", "128", "--vocab", "5000"],
+                          capture_output=True, text=True, timeout=120)
+    assert made.returncode == 0, made.stderr
+    assert (tmp_path / "llama" / "model.safetensors").exists() and (tmp_path / "llama" / "tokenizer.json").exists()
+    out = tmp_path / "throughput.json"
+    result = minillm("bench", "throughput", "--model", str(tmp_path / "llama"), "--num-requests", "4", "--batch-size",
+                     "2", "--max-prompt", "16", "--max-output", "8", "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    assert json.loads(out.read_text())["rows"][1]["same_tokens"] == "4/4"

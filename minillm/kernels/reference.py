@@ -27,7 +27,8 @@ def store_kvcache_ref(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v
 def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
     """One sequence's first `length` tokens out of the pool, in order: [length, kv_heads, head_dim]."""
     num_blocks = -(-length // cache.shape[1])
-    return cache[block_table[:num_blocks].long()].flatten(0, 1)[:length]
+    # index_select: on a CPU several times faster than the equivalent cache[block_table] indexing.
+    return cache.index_select(0, block_table[:num_blocks].long()).flatten(0, 1)[:length]
 
 
 def paged_decode_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -40,8 +41,9 @@ def paged_decode_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: 
     reference does not need them."""
     num_seqs, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
-    k = k_cache[block_tables.long()].flatten(1, 2).transpose(1, 2)  # [num_seqs, kv_heads, L, head_dim]
-    v = v_cache[block_tables.long()].flatten(1, 2).transpose(1, 2)
+    blocks = block_tables.flatten().long()
+    k = k_cache.index_select(0, blocks).view(num_seqs, -1, num_kv_heads, head_dim).transpose(1, 2)  # [.., L, d]
+    v = v_cache.index_select(0, blocks).view(num_seqs, -1, num_kv_heads, head_dim).transpose(1, 2)
     visible = torch.arange(k.shape[2], device=q.device)[None, :] < seq_lens[:, None]
     # The query heads sharing a KV head are its rows (grouped-query attention): [num_seqs, kv_heads, group, d].
     qg = q.view(num_seqs, num_kv_heads, num_heads // num_kv_heads, head_dim)
