@@ -88,8 +88,9 @@ class Scheduler:
     def admit(self, batch: ScheduledBatch, budget: int) -> None:
         """Waiting requests join the batch first come, first served, while the step has token budget
         left, fewer than max_num_seqs run, and the cache has room for the next one's tokens. (After a
-        preemption the queue's head is the victim, which never fits in the same step: the block that
-        made room went to the older sequence.)"""
+        preemption the queue's head is the victim, which seldom fits again at once, since the block
+        that made room went to an older sequence; when a prefix hit lets it fit, its recomputation
+        simply starts in this step.)"""
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
             if not self.allocate(seq):
