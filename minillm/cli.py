@@ -92,11 +92,28 @@ def _eval_perplexity(args) -> None:
     from minillm.eval.heldout import eval_token_ids
     from minillm.eval.perplexity import perplexity
 
-    llm = LLM(args.model, device=args.device, dtype=args.dtype)
     if args.text is None and args.model not in ("tiny", "tiny-draft"):
         raise ValueError("--text FILE is needed for models other than tiny / tiny-draft")
-    result = perplexity(llm, eval_token_ids(llm.get_tokenizer(), args.text), window=args.window)
-    print(json.dumps({"model": args.model, "text": args.text or "held-out stdlib modules", **result}, indent=2))
+    if args.quantization is None:
+        llm = LLM(args.model, device=args.device, dtype=args.dtype)
+        result = perplexity(llm, eval_token_ids(llm.get_tokenizer(), args.text), window=args.window)
+        print(json.dumps({"model": args.model, "text": args.text or "held-out stdlib modules", **result}, indent=2))
+        return
+    from minillm.bench.report import format_table
+    from minillm.eval.quantization import compare_quantization
+    from minillm.loader import load_tokenizer, resolve_model_path
+
+    token_ids = eval_token_ids(load_tokenizer(resolve_model_path(args.model)), args.text)
+    methods = [(args.quantization, args.group_size)]
+    rows = compare_quantization(args.model, token_ids, methods, window=args.window, device=args.device,
+                                dtype=args.dtype)
+    print(format_table(rows, QUANT_COLUMNS))
+    print(json.dumps(rows, indent=2))
+
+
+QUANT_COLUMNS = [("quantization", "quantization"), ("group_size", "group"), ("perplexity", "perplexity"),
+                 ("perplexity_change", "change"), ("greedy_agreement", "greedy agreement"),
+                 ("weight_bytes", "linear weight bytes"), ("bytes_vs_fp16", "bytes vs fp16")]
 
 
 def _eval_acceptance(args) -> None:
@@ -173,6 +190,9 @@ def build_parser() -> argparse.ArgumentParser:
     model_args(ppl)
     ppl.add_argument("--text", default=None, help="a text file (default for tiny: held-out stdlib modules)")
     ppl.add_argument("--window", type=int, default=512)
+    ppl.add_argument("--quantization", choices=["int8", "int4"], default=None,
+                     help="also evaluate the model quantized, against itself unquantized")
+    ppl.add_argument("--group-size", type=int, default=128, help="int4 group size: 32, 64 or 128")
     ppl.set_defaults(func=_eval_perplexity)
     acc = ev.add_parser("acceptance", help="greedy acceptance rate of a draft model")
     model_args(acc)

@@ -20,6 +20,7 @@ from minillm.loader import load_model, load_tokenizer, resolve_model_path
 from minillm.model_runner import ModelRunner
 from minillm.output_processor import OutputProcessor
 from minillm.outputs import RequestOutput
+from minillm.quant.linear import quantize_model
 from minillm.sampling_params import SamplingParams
 from minillm.scheduler import ScheduledBatch, Scheduler
 from minillm.sequence import Sequence
@@ -34,7 +35,8 @@ class LLMEngine:
                  skip_tokenizer_init: bool = False, max_num_seqs: int = 256, max_num_batched_tokens: int = 2048,
                  max_model_len: int | None = None, kv_cache: str = "paged", block_size: int = 16,
                  num_kv_blocks: int | None = None, gpu_memory_utilization: float = 0.9,
-                 enable_prefix_caching: bool = True, attention_backend: str = "auto", seed: int = 0) -> None:
+                 enable_prefix_caching: bool = True, attention_backend: str = "auto", seed: int = 0,
+                 quantization: str | None = None, quant_group_size: int = 128) -> None:
         if kv_cache not in KV_CACHE_MODES:
             raise ValueError(f"kv_cache must be one of {KV_CACHE_MODES}, got {kv_cache!r}")
         if isinstance(block_size, bool) or not isinstance(block_size, int) or not (
@@ -58,6 +60,8 @@ class LLMEngine:
             raise ValueError(f"attention_backend='triton' needs kv_cache='paged', got kv_cache={kv_cache!r}")
         self.tokenizer = None if skip_tokenizer_init else load_tokenizer(path)
         self.model = load_model(path, config, self.dtype, self.device)
+        if quantization is not None:
+            quantize_model(self.model, quantization, quant_group_size)
         eos = set(config.eos_token_ids)
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
             eos.add(self.tokenizer.eos_token_id)

@@ -1,0 +1,8 @@
+"""Weight-only quantization: `LLM(model, quantization="int8" | "int4")`.
+
+int8.py and int4.py hold the formulas (quantize, pack, dequantize) in plain PyTorch; linear.py the
+layer that stores the packed weights and the function that swaps a model's linear layers for it.
+"""
+
+QUANTIZATION_METHODS = ("int8", "int4")
+INT4_GROUP_SIZES = (32, 64, 128)
