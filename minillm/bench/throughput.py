@@ -1,7 +1,7 @@
 """`minillm bench throughput`: what continuous batching buys, against static batching and against
 Hugging Face transformers, on one workload in one process.
 
-Three systems serve the same requests, all submitted at once (offline), at most `batch_size` at a
+Four systems serve the same requests, all submitted at once (offline), at most `batch_size` at a
 time, greedy, each request generating exactly its own max_tokens (end-of-text is ignored, so that
 every system does the same work):
 
