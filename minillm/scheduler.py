@@ -10,7 +10,8 @@ the decodes of everyone else. The batch is flattened, so the mix needs no paddin
 With the paged cache a request is admitted only when the pool has blocks for its prompt. When a
 running sequence needs a block for its next token and none is free, the most recently admitted
 sequence is preempted: its blocks are freed and it goes back to the front of the queue, to be
-recomputed from its tokens later (its output does not change).
+recomputed from its tokens later (its output does not change). No request is admitted in a step
+that preempted.
 """
 
 from __future__ import annotations
@@ -87,11 +88,10 @@ class Scheduler:
 
     def admit(self, batch: ScheduledBatch, budget: int) -> None:
         """Waiting requests join the batch first come, first served, while the step has token budget
-        left, fewer than max_num_seqs run, and the cache has room for the next one's tokens. (After a
-        preemption the queue's head is the victim, which seldom fits again at once, since the block
-        that made room went to an older sequence; when a prefix hit lets it fit, its recomputation
-        simply starts in this step.)"""
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+        left, fewer than max_num_seqs run, and the cache has room for the next one's tokens. None join
+        a step that preempted: memory is short, and the victim, now at the head of the queue, could
+        otherwise be readmitted at once through its own cached prefix blocks and undo the preemption."""
+        while self.waiting and budget > 0 and not batch.preempted and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
             if not self.allocate(seq):
                 break  # the head of the queue waits for memory, and everyone behind it too

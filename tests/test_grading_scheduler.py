@@ -25,11 +25,12 @@ def admit():
     return namespace["admit"]
 
 
-def admit_with(take_tokens=None, limit_slots=True, stop_at_head=True, spend=True):
+def admit_with(take_tokens=None, limit_slots=True, stop_at_head=True, spend=True, after_preemption=False):
     """The solution's loop with one rule broken."""
     def admit(scheduler, batch, budget):
         for seq in list(scheduler.waiting):
-            if budget <= 0 or (limit_slots and len(scheduler.running) >= scheduler.max_num_seqs):
+            if budget <= 0 or (limit_slots and len(scheduler.running) >= scheduler.max_num_seqs) or (
+                    batch.preempted and not after_preemption):
                 break
             if not scheduler.allocate(seq):
                 if stop_at_head:
@@ -54,8 +55,10 @@ def test_checks_pass_on_the_solution_and_on_the_rules_restated(admit, capsys):
     (admit_with(spend=False), "more tokens than max_num_batched"),
     (admit_with(limit_slots=False), "more than max_num_seqs"),
     (admit_with(stop_at_head=False), "admitted ahead of its turn"),
+    (admit_with(after_preemption=True), "this step preempted a sequence, and then admitted"),
     (lambda scheduler, batch, budget: None, "expected: .*(?s:.*)allocate"),
-], ids=["no-chunking", "budget-not-spent", "no-slot-limit", "overtakes-the-head", "admits-nothing"])
+], ids=["no-chunking", "budget-not-spent", "no-slot-limit", "overtakes-the-head", "admits-after-preemption",
+        "admits-nothing"])
 def test_checks_name_the_mistake(wrong, message):
     with pytest.raises(CheckFailed, match=message):
         checks.check_admit(wrong)

@@ -6,7 +6,7 @@ every step."""
 from __future__ import annotations
 
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from minillm.block_manager import BlockManager
@@ -74,6 +74,9 @@ def run(scheduler: Scheduler, workload: list[tuple[int, int, int]], aborts: set[
 
 
 @settings(max_examples=60, deadline=None)
+# Found by hypothesis: with prefix caching, a victim could be readmitted in the step that preempted it.
+@example(workload=[(1, 1, 0)] * 4 + [(3, 7, 0), (1, 6, 0), (1, 1, 0), (1, 1, 0), (1, 3, 3), (1, 2, 3), (40, 6, 0),
+                   (4, 3, 3)], num_blocks=15, max_num_seqs=6, budget=42, arrivals=5, caching=True, aborts=set())
 @given(workload=requests, num_blocks=st.integers(13, 40), max_num_seqs=st.integers(1, 6),
        budget=st.integers(1, 64), arrivals=st.integers(1, 5), caching=st.booleans(),
        aborts=st.sets(st.integers(0, 19), max_size=5))
