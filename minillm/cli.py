@@ -7,6 +7,8 @@ import json
 import sys
 from pathlib import Path
 
+from minillm.quant import QUANTIZATION_METHODS
+
 
 def _generate(args) -> None:
     from minillm import LLM, SamplingParams
@@ -44,6 +46,11 @@ def _bench_kv_cache(args) -> None:
     print(f"wrote {args.out}")
 
 
+def _bench_config(args) -> dict:
+    """The benchmark's arguments as they go into its JSON: what was measured, not where it went."""
+    return {k: v for k, v in vars(args).items() if k not in ("func", "out", "command", "benchmark")}
+
+
 def _bench_paged(args) -> None:
     from minillm.bench.paged import MEMORY_COLUMNS, PREFIX_COLUMNS, bench_memory, bench_prefix_cache
     from minillm.bench.report import format_table, write_json
@@ -57,7 +64,7 @@ def _bench_paged(args) -> None:
                                              **engine_args)
     print(format_table(prefix_rows, PREFIX_COLUMNS))
     print(json.dumps(prefix))
-    config = {k: v for k, v in vars(args).items() if k not in ("func", "out", "command", "benchmark")}
+    config = _bench_config(args)
     write_json(args.out, "paged", config, memory_rows + prefix_rows, {"memory": memory, "prefix_cache": prefix})
     print(f"wrote {args.out}")
 
@@ -70,7 +77,7 @@ def _bench_throughput(args) -> None:
                                      args.max_output, args.seed, device=args.device, dtype=args.dtype)
     print(format_table(rows, COLUMNS))
     print(json.dumps(summary))
-    config = {k: v for k, v in vars(args).items() if k not in ("func", "out", "command", "benchmark")}
+    config = _bench_config(args)
     write_json(args.out, "throughput", config, rows, summary)
     print(f"wrote {args.out}")
 
@@ -190,7 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
     model_args(ppl)
     ppl.add_argument("--text", default=None, help="a text file (default for tiny: held-out stdlib modules)")
     ppl.add_argument("--window", type=int, default=512)
-    ppl.add_argument("--quantization", choices=["int8", "int4"], default=None,
+    ppl.add_argument("--quantization", choices=QUANTIZATION_METHODS, default=None,
                      help="also evaluate the model quantized, against itself unquantized")
     ppl.add_argument("--group-size", type=int, default=128, help="int4 group size: 32, 64 or 128")
     ppl.set_defaults(func=_eval_perplexity)

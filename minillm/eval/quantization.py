@@ -5,8 +5,7 @@ bytes of the decoder's linear weights (scales and zero points included)."""
 
 from __future__ import annotations
 
-import random
-
+from minillm.eval.acceptance import sample_prompts
 from minillm.eval.perplexity import perplexity
 from minillm.llm import LLM
 from minillm.quant.linear import linear_weight_bytes
@@ -23,12 +22,10 @@ def compare_quantization(model: str, token_ids: list[int], methods: list[tuple[s
                          window: int = 512, num_prompts: int = 32, prompt_len: int = 32, num_tokens: int = 32,
                          seed: int = 0, **engine_args) -> list[dict]:
     """One row per (quantization, group_size), the unquantized model first."""
-    rng = random.Random(seed)
-    starts = [rng.randrange(len(token_ids) - prompt_len) for _ in range(num_prompts)]
-    prompts = [token_ids[s:s + prompt_len] for s in starts]
+    prompts = sample_prompts(token_ids, num_prompts, prompt_len, seed)
     rows, baseline = [], None
-    for method, group_size in [(None, 0), *methods]:
-        llm = LLM(model, quantization=method, quant_group_size=group_size or 128, **engine_args)
+    for method, group_size in [(None, 128), *methods]:
+        llm = LLM(model, quantization=method, quant_group_size=group_size, **engine_args)
         result = perplexity(llm, token_ids, window=window)
         tokens = greedy_tokens(llm, prompts, num_tokens)
         held, fp16 = linear_weight_bytes(llm.llm_engine.model)

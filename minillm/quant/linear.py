@@ -47,15 +47,21 @@ class QuantLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, {self.method}{group}"
 
 
+def decoder_linears(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The attention and MLP projections of the decoder layers, quantized or not (not embeddings
+    and the output head)."""
+    return [(name, module) for name, module in model.named_modules()
+            if isinstance(module, (nn.Linear, QuantLinear)) and ".layers." in f".{name}"]
+
+
 def quantize_model(model: nn.Module, method: str, group_size: int = 128) -> nn.Module:
-    """Replace every linear layer of the decoder layers (attention and MLP projections) by a
-    QuantLinear; embeddings and the output head keep the model dtype."""
+    """Replace every linear layer of the decoder layers by a QuantLinear; embeddings and the output
+    head keep the model dtype."""
     if method not in QUANTIZATION_METHODS:
         raise ValueError(f"quantization must be one of {QUANTIZATION_METHODS} or None, got {method!r}")
     if method == "int4" and group_size not in INT4_GROUP_SIZES:
         raise ValueError(f"quant_group_size must be one of {INT4_GROUP_SIZES} for int4, got {group_size!r}")
-    targets = [(name, module) for name, module in model.named_modules()
-               if isinstance(module, nn.Linear) and ".layers." in f".{name}"]
+    targets = [(name, module) for name, module in decoder_linears(model) if isinstance(module, nn.Linear)]
     if method == "int4":
         for name, module in targets:
             if module.in_features % group_size:
@@ -71,9 +77,7 @@ def linear_weight_bytes(model: nn.Module) -> tuple[int, int]:
     """Bytes held by the decoder's linear layers (weights, plus scales and zero points if quantized),
     and what the same weights take in fp16."""
     held = fp16 = 0
-    for name, module in model.named_modules():
-        if ".layers." not in f".{name}" or not isinstance(module, (nn.Linear, QuantLinear)):
-            continue
+    for _, module in decoder_linears(model):
         fp16 += 2 * module.in_features * module.out_features
         tensors = (module.qweight, module.scales, module.zeros) if isinstance(module, QuantLinear) else (
             module.weight,)
