@@ -1,4 +1,4 @@
-"""The `minillm` command: generate, env, bench, eval."""
+"""The `minillm` command: generate, quantize, env, bench, eval."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from minillm.quant import QUANTIZATION_METHODS
+from minillm.quant import INT4_GROUP_SIZES, QUANTIZATION_METHODS
 
 
 def _generate(args) -> None:
@@ -23,6 +23,15 @@ def _generate(args) -> None:
         print()
     else:
         print(args.prompt + llm.generate([args.prompt], params, use_tqdm=False)[0].outputs[0].text)
+
+
+def _quantize(args) -> None:
+    from minillm import LLM
+    from minillm.quant.checkpoint import save_quantized
+
+    llm = LLM(args.model, device=args.device, dtype=args.dtype, quantization=args.quantization,
+              quant_group_size=args.group_size, skip_tokenizer_init=True)
+    print(f"wrote {save_quantized(llm, args.output)}")
 
 
 def _env(args) -> None:
@@ -94,6 +103,26 @@ def _bench_attention(args) -> None:
     print(f"wrote {args.out}")
 
 
+def _bench_quant(args) -> None:
+    from minillm.bench.quant import KV_COLUMNS, WEIGHT_COLUMNS, bench_quant
+    from minillm.bench.report import format_table, write_json
+
+    weights, kv, matmuls, summary = bench_quant(
+        args.model, args.text, tuple(args.group_sizes), window=args.window, num_prompts=args.num_prompts,
+        num_tokens=args.num_tokens, max_eval_tokens=args.max_eval_tokens, device=args.device, dtype=args.dtype)
+    print(format_table(weights, WEIGHT_COLUMNS))
+    print(format_table(kv, KV_COLUMNS))
+    if matmuls:
+        from minillm.bench.quant_matmul import COLUMNS
+
+        print(format_table(matmuls, COLUMNS))
+    else:
+        print("(no CUDA device: the matmul kernels are timed only on a GPU)")
+    print(json.dumps(summary))
+    write_json(args.out, "quant", _bench_config(args), weights + kv + matmuls, summary)
+    print(f"wrote {args.out}")
+
+
 def _eval_perplexity(args) -> None:
     from minillm import LLM
     from minillm.eval.heldout import eval_token_ids
@@ -156,6 +185,13 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--stream", action="store_true", help="print text as it is generated")
     gen.set_defaults(func=_generate)
 
+    quant = sub.add_parser("quantize", help="save a model quantized (safetensors), for LLM(folder) to load")
+    model_args(quant)
+    quant.add_argument("--quantization", choices=QUANTIZATION_METHODS, required=True)
+    quant.add_argument("--group-size", type=int, default=128, help="int4 group size: 32, 64 or 128")
+    quant.add_argument("--output", type=Path, required=True, help="a new folder")
+    quant.set_defaults(func=_quantize)
+
     env = sub.add_parser("env", help="print the environment (paste it into bug reports)")
     env.add_argument("--json", action="store_true")
     env.set_defaults(func=_env)
@@ -191,6 +227,18 @@ def build_parser() -> argparse.ArgumentParser:
     attn.add_argument("--batch", type=int, default=8)
     attn.add_argument("--out", type=Path, default=Path("bench-results/attention.json"))
     attn.set_defaults(func=_bench_attention)
+
+    quant_bench = bench.add_parser("quant", help="weight bytes, perplexity and tokens/s of each quantization "
+                                   "scheme, the int8 KV cache, and (CUDA) the matmul kernels against fp16")
+    model_args(quant_bench)
+    quant_bench.add_argument("--text", default=None, help="a text file (default for tiny: held-out stdlib modules)")
+    quant_bench.add_argument("--group-sizes", type=int, nargs="+", default=list(INT4_GROUP_SIZES))
+    quant_bench.add_argument("--window", type=int, default=512)
+    quant_bench.add_argument("--max-eval-tokens", type=int, default=None, help="cut the held-out text")
+    quant_bench.add_argument("--num-prompts", type=int, default=32)
+    quant_bench.add_argument("--num-tokens", type=int, default=32)
+    quant_bench.add_argument("--out", type=Path, default=Path("bench-results/quant.json"))
+    quant_bench.set_defaults(func=_bench_quant)
 
     ev = sub.add_parser("eval", help="model quality").add_subparsers(dest="evaluation", required=True)
     ppl = ev.add_parser("perplexity", help="perplexity on held-out text")

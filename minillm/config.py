@@ -44,14 +44,18 @@ class ModelConfig:
     checkpoint_dtype: str = "float32"
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
+    # A checkpoint saved by minillm.quant.checkpoint.save_quantized holds its decoder already quantized.
+    quantization: str | None = None
+    quant_group_size: int | None = None
 
     @property
     def num_queries_per_kv(self) -> int:
         return self.num_attention_heads // self.num_key_value_heads
 
-    def kv_bytes_per_token(self, element_size: int) -> int:
-        """K and V of one token in every layer: 2 * layers * kv_heads * head_dim * element_size."""
-        return 2 * self.num_hidden_layers * self.num_key_value_heads * self.head_dim * element_size
+    def kv_bytes_per_token(self, element_size: int, scale_size: int = 0) -> int:
+        """K and V of one token in every layer: 2 * layers * kv_heads * (head_dim * element_size + scale_size),
+        where a quantized cache keeps one scale of scale_size bytes per (token, layer, K or V, kv head)."""
+        return 2 * self.num_hidden_layers * self.num_key_value_heads * (self.head_dim * element_size + scale_size)
 
     @classmethod
     def from_dir(cls, path: Path) -> ModelConfig:
@@ -85,6 +89,7 @@ class ModelConfig:
             raise ValueError(f"num_attention_heads={heads} is not a multiple of "
                              f"num_key_value_heads={kv_heads} in {source}")
         rope_theta, rope_scaling = _read_rope(raw, source)
+        quantization, quant_group_size = _read_quantization(raw, source)
         eos = raw.get("eos_token_id") if eos_token_id is None else eos_token_id
         eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
         return cls(
@@ -111,7 +116,21 @@ class ModelConfig:
             checkpoint_dtype=str(raw.get("dtype") or raw.get("torch_dtype") or "float32"),
             bos_token_id=raw.get("bos_token_id"),
             eos_token_ids=eos_ids,
+            quantization=quantization,
+            quant_group_size=quant_group_size,
         )
+
+
+def _read_quantization(raw: dict, source: str) -> tuple[str | None, int | None]:
+    """minillm's own `quantization_config` (see quant/checkpoint.py); other formats (GPTQ, AWQ, ...)
+    pack their weights differently and are refused rather than misread."""
+    qc = raw.get("quantization_config")
+    if qc is None:
+        return None, None
+    if qc.get("quant_method") != "minillm":
+        raise ValueError(f"unsupported quantization_config {qc.get('quant_method')!r} in {source}: minillm reads "
+                         "only checkpoints it quantized itself; load the unquantized model with quantization=...")
+    return qc["quantization"], qc.get("group_size")
 
 
 def _read_rope(raw: dict, source: str) -> tuple[float, dict]:

@@ -15,7 +15,7 @@ from minillm.block_manager import BlockManager
 from minillm.config import ModelConfig
 from minillm.device import device_memory_bytes, resolve_device, resolve_dtype
 from minillm.kv_cache import ContiguousKVCache
-from minillm.kv_pool import KVPool, resolve_num_kv_blocks
+from minillm.kv_pool import KV_CACHE_DTYPES, KVPool, kv_bytes_per_token, resolve_num_kv_blocks
 from minillm.loader import load_model, load_tokenizer, resolve_model_path
 from minillm.model_runner import ModelRunner
 from minillm.output_processor import OutputProcessor
@@ -36,9 +36,13 @@ class LLMEngine:
                  max_model_len: int | None = None, kv_cache: str = "paged", block_size: int = 16,
                  num_kv_blocks: int | None = None, gpu_memory_utilization: float = 0.9,
                  enable_prefix_caching: bool = True, attention_backend: str = "auto", seed: int = 0,
-                 quantization: str | None = None, quant_group_size: int = 128) -> None:
+                 quantization: str | None = None, quant_group_size: int = 128, kv_cache_dtype: str = "auto") -> None:
         if kv_cache not in KV_CACHE_MODES:
             raise ValueError(f"kv_cache must be one of {KV_CACHE_MODES}, got {kv_cache!r}")
+        if kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {kv_cache_dtype!r}")
+        if kv_cache_dtype != "auto" and kv_cache != "paged":
+            raise ValueError(f"kv_cache_dtype={kv_cache_dtype!r} needs kv_cache='paged', got kv_cache={kv_cache!r}")
         if isinstance(block_size, bool) or not isinstance(block_size, int) or not (
                 1 <= block_size <= 1024 and block_size & (block_size - 1) == 0):
             raise ValueError(f"block_size must be a power of two in [1, 1024], got {block_size!r}")
@@ -55,13 +59,24 @@ class LLMEngine:
         self.max_model_len = _resolve_max_model_len(max_model_len, config)
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, config.checkpoint_dtype, self.device)
+        self.kv_cache_dtype = kv_cache_dtype
         kernel = resolve_attention_backend(attention_backend, self.device, block_size)
         if attention_backend == "triton" and kv_cache != "paged":
             raise ValueError(f"attention_backend='triton' needs kv_cache='paged', got kv_cache={kv_cache!r}")
         self.tokenizer = None if skip_tokenizer_init else load_tokenizer(path)
-        self.model = load_model(path, config, self.dtype, self.device)
-        if quantization is not None:
-            quantize_model(self.model, quantization, quant_group_size)
+        self.model_path = path
+        if config.quantization is not None and (quantization not in (None, config.quantization) or (
+                quantization == "int4" and quant_group_size != config.quant_group_size)):
+            raise ValueError(
+                f"quantization={quantization!r} (quant_group_size={quant_group_size}) does not match the checkpoint "
+                f"in {path}, which is already quantized as {config.quantization!r}"
+                f"{f' with group size {config.quant_group_size}' if config.quantization == 'int4' else ''}; "
+                "pass quantization=None")
+        # A quantized checkpoint loads quantized. Its matmuls run on the attention's kernels: Triton's
+        # on a GPU, PyTorch's references on a CPU unless Triton's interpreter is asked for.
+        self.model = load_model(path, config, self.dtype, self.device, kernel)
+        if quantization is not None and config.quantization is None:
+            quantize_model(self.model, quantization, quant_group_size, kernel)
         eos = set(config.eos_token_ids)
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
             eos.add(self.tokenizer.eos_token_id)
@@ -73,9 +88,10 @@ class LLMEngine:
             # Both caches get the same budget, so that they can be compared on equal memory.
             num_blocks = resolve_num_kv_blocks(
                 num_kv_blocks, gpu_memory_utilization, config=config, block_size=block_size, dtype=self.dtype,
-                device=self.device, max_model_len=self.max_model_len, max_num_seqs=max_num_seqs)
+                device=self.device, max_model_len=self.max_model_len, max_num_seqs=max_num_seqs,
+                kv_cache_dtype=kv_cache_dtype)
             if kv_cache == "paged":
-                self.kv_cache = KVPool(config, num_blocks, block_size, self.dtype, self.device)
+                self.kv_cache = KVPool(config, num_blocks, block_size, self.dtype, self.device, kv_cache_dtype)
                 self.block_manager = BlockManager(num_blocks, block_size, enable_prefix_caching)
                 backend = PagedAttention(self.kv_cache, kernel, config.head_dim)
             else:
@@ -147,7 +163,7 @@ class LLMEngine:
         return TraceInfo(
             model=self.model_name, device=str(self.device), dtype=str(self.dtype).replace("torch.", ""),
             kv_cache=self.model_runner.attn_backend.name,
-            kv_bytes_per_token=self.model_config.kv_bytes_per_token(self.dtype.itemsize),
+            kv_bytes_per_token=kv_bytes_per_token(self.model_config, self.dtype, self.kv_cache_dtype),
             device_memory_bytes=device_memory_bytes(self.device), max_model_len=self.max_model_len,
             max_num_seqs=self.scheduler.max_num_seqs,
             block_size=self.block_manager.block_size if self.block_manager else 0,

@@ -3,6 +3,10 @@
 The block manager decides which block holds which tokens; the pool only stores them. Allocating
 everything up front is what makes paging cheap: a sequence that grows takes a block id from a list,
 and no tensor is ever allocated, copied or freed while serving.
+
+With kv_cache_dtype="int8" the pool holds K and V quantized: symmetric int8, one fp32 scale per
+(token, kv head) kept beside the values (kernels/reference.py has the formula). A token then takes
+head_dim + 4 bytes per layer, K or V, and kv head instead of 2 * head_dim in fp16: about half.
 """
 
 from __future__ import annotations
@@ -16,20 +20,38 @@ from minillm.config import ModelConfig
 # Without a GPU there is no "free device memory" to size the pool from; like vLLM's CPU backend,
 # take a fixed KV budget (never more than gpu_memory_utilization of the RAM still available).
 CPU_KV_CACHE_BYTES = 4 << 30
+# "auto": the model's dtype. vLLM's engine argument; its other values (fp8 variants) are not implemented.
+KV_CACHE_DTYPES = ("auto", "int8")
+KV_SCALE_DTYPE = torch.float32  # of an int8 cache's scales
+
+
+def kv_bytes_per_token(config: ModelConfig, dtype: torch.dtype, kv_cache_dtype: str = "auto") -> int:
+    """What one token's K and V take in the pool, every layer, scales included."""
+    if kv_cache_dtype == "int8":
+        return config.kv_bytes_per_token(torch.int8.itemsize, KV_SCALE_DTYPE.itemsize)
+    return config.kv_bytes_per_token(dtype.itemsize)
 
 
 class KVPool:
     def __init__(self, config: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype,
-                 device: torch.device) -> None:
+                 device: torch.device, kv_cache_dtype: str = "auto") -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
+        self.kv_cache_dtype = kv_cache_dtype
+        self.bytes_per_token = kv_bytes_per_token(config, dtype, kv_cache_dtype)
+        quantized = kv_cache_dtype == "int8"
         shape = (2, num_blocks, block_size, config.num_key_value_heads, config.head_dim)
+        layers = range(config.num_hidden_layers)
         # kv_caches[layer][0] holds K, [1] holds V: [num_blocks, block_size, kv_heads, head_dim]
-        self.kv_caches = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_hidden_layers)]
+        self.kv_caches = [torch.zeros(shape, dtype=torch.int8 if quantized else dtype, device=device)
+                          for _ in layers]
+        # int8 only: kv_scales[layer][0] the scales of K, [1] of V: [num_blocks, block_size, kv_heads]
+        self.kv_scales = [torch.zeros(shape[:-1], dtype=KV_SCALE_DTYPE, device=device)
+                          for _ in layers] if quantized else None
 
     @property
     def reserved_bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.kv_caches)
+        return sum(t.numel() * t.element_size() for t in self.kv_caches + (self.kv_scales or []))
 
 
 def available_kv_bytes(device: torch.device, gpu_memory_utilization: float) -> int:
@@ -43,14 +65,14 @@ def available_kv_bytes(device: torch.device, gpu_memory_utilization: float) -> i
 
 def resolve_num_kv_blocks(num_kv_blocks: int | None, gpu_memory_utilization: float, *, config: ModelConfig,
                           block_size: int, dtype: torch.dtype, device: torch.device, max_model_len: int,
-                          max_num_seqs: int) -> int:
+                          max_num_seqs: int, kv_cache_dtype: str = "auto") -> int:
     """How many blocks the pool gets: `num_kv_blocks` if given, else what fits in
     gpu_memory_utilization of the free memory, capped at what max_num_seqs sequences of
     max_model_len tokens could ever use. Fails if one sequence of max_model_len would not fit."""
     if not (isinstance(gpu_memory_utilization, (int, float)) and 0 < gpu_memory_utilization <= 1):
         raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization!r}")
     per_seq = -(-max_model_len // block_size)
-    bytes_per_block = block_size * config.kv_bytes_per_token(dtype.itemsize)
+    bytes_per_block = block_size * kv_bytes_per_token(config, dtype, kv_cache_dtype)
     if num_kv_blocks is None:
         budget = available_kv_bytes(device, gpu_memory_utilization)
         num_kv_blocks = min(budget // bytes_per_block, per_seq * max_num_seqs)

@@ -20,7 +20,9 @@ class LLM:
         engine_args: dtype, device, skip_tokenizer_init, max_model_len, seed; the scheduler's max_num_seqs and
         max_num_batched_tokens (tokens per step; longer prompts are prefilled in chunks); and the cache:
         kv_cache ("paged", "contiguous" or "none"), block_size, num_kv_blocks, gpu_memory_utilization,
-        enable_prefix_caching, attention_backend ("auto", "torch" or "triton"); weight-only quantization of
+        enable_prefix_caching, attention_backend ("auto", "torch" or "triton"), kv_cache_dtype ("auto": the
+        model's dtype, or "int8": K and V quantized with a scale per token and head, paged cache only, about
+        half the bytes of fp16); weight-only quantization of
         the decoder's linear layers: quantization (None, "int8" or "int4") and quant_group_size (int4:
         32, 64 or 128)."""
         self.llm_engine = LLMEngine(model, **engine_args)

@@ -14,7 +14,9 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from minillm.config import ModelConfig
+from minillm.layers.linear import shard_range
 from minillm.models.llama import LlamaForCausalLM
+from minillm.quant.linear import QuantLinear, quantize_model
 
 ASSETS = Path(__file__).parent / "assets"
 SHIPPED_MODELS = {"tiny": ASSETS / "tiny", "tiny-draft": ASSETS / "tiny-draft"}
@@ -65,10 +67,14 @@ def weight_files(path: Path) -> list[Path]:
     return files
 
 
-def load_model(path: Path, config: ModelConfig, dtype: torch.dtype, device: torch.device) -> LlamaForCausalLM:
+def load_model(path: Path, config: ModelConfig, dtype: torch.dtype, device: torch.device,
+               quant_kernel: str = "torch") -> LlamaForCausalLM:
+    """quant_kernel: the matmul of a quantized checkpoint's layers ("torch" or "triton")."""
     # Built on the meta device (no memory, no random init), then allocated once on the target device.
     with torch.device("meta"):
         model = LlamaForCausalLM(config).to(dtype)
+        if config.quantization is not None:  # a quantized checkpoint: its layers take packed weights
+            quantize_model(model, config.quantization, config.quant_group_size or 128, quant_kernel)
     model.to_empty(device=device)
     _WeightLoader(model).load(weight_files(path))
     return model.eval().requires_grad_(False)
@@ -77,13 +83,13 @@ def load_model(path: Path, config: ModelConfig, dtype: torch.dtype, device: torc
 class _WeightLoader:
     def __init__(self, model: LlamaForCausalLM) -> None:
         self.model = model
-        self.params = dict(model.named_parameters())
+        self.params = {name: t for module_name, module in model.named_modules()
+                       for name, t in _loadable(module_name, module)}
         self.pending = {(name, shard) for name, module_param in self._expected() for shard in module_param}
 
     def _expected(self):
         for module_name, module in self.model.named_modules():
-            for pname, _ in module.named_parameters(recurse=False):
-                full = f"{module_name}.{pname}" if module_name else pname
+            for full, _ in _loadable(module_name, module):
                 yield full, range(len(module.output_sizes)) if hasattr(module, "output_sizes") else [None]
 
     def load(self, files: list[Path]) -> None:
@@ -122,13 +128,22 @@ class _WeightLoader:
         dest = param.data
         if shard is not None:
             module = self.model.get_submodule(target.rsplit(".", 1)[0])
-            start, end = module.shard_range(shard)
+            start, end = shard_range(module.output_sizes, shard)
             dest = dest[start:end]
         if tuple(tensor.shape) != tuple(dest.shape):
             raise ValueError(f"tensor {name!r} in {file} has shape {tuple(tensor.shape)}, but config.json "
                              f"implies {tuple(dest.shape)}")
         dest.copy_(tensor)
         self.pending.discard((target, shard))
+
+
+def _loadable(module_name: str, module: torch.nn.Module):
+    """(full name, tensor) of what a module reads from a checkpoint: its own parameters, and a
+    quantized layer's packed weights, scales and zero points (buffers, as they are not trained)."""
+    tensors = module.named_buffers(recurse=False) if isinstance(module, QuantLinear) else \
+        module.named_parameters(recurse=False)
+    for name, tensor in tensors:
+        yield (f"{module_name}.{name}" if module_name else name), tensor
 
 
 def load_tokenizer(path: Path):

@@ -91,6 +91,22 @@ def test_bench_throughput_writes_json(tmp_path):
                for r in rows.values())
 
 
+def test_bench_quant_writes_json(tmp_path):
+    out = tmp_path / "quant.json"
+    result = minillm("bench", "quant", "--max-eval-tokens", "1024", "--num-prompts", "2", "--num-tokens", "4",
+                     "--group-sizes", "64", "128", "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    assert "linear weight bytes" in result.stdout and "no CUDA device" in result.stdout
+    rows = json.loads(out.read_text())["rows"]
+    weights = [(r["quantization"], r["group_size"]) for r in rows if "quantization" in r]
+    assert weights == [("none", None), ("int8", None), ("int4", 64), ("int4", 128)]
+    kv = {r["kv_cache_dtype"]: r for r in rows if "kv_cache_dtype" in r}
+    # Scales and zero points are counted: int4 with smaller groups holds more bytes.
+    bytes_vs_fp16 = [r["bytes_vs_fp16"] for r in rows if "quantization" in r]
+    assert bytes_vs_fp16[0] == 2.0 and 0.5 < bytes_vs_fp16[1] < 0.53 and bytes_vs_fp16[2] > bytes_vs_fp16[3]
+    assert kv["int8"]["kv_bytes_per_token"] * 2 < kv["auto"]["kv_bytes_per_token"]
+
+
 @pytest.mark.slow
 def test_a_random_llama_checkpoint_serves_the_throughput_benchmark(tmp_path):
     """The GPU run's model: scripts/random_llama.py (here at toy size) and the benchmark pointed at it."""

@@ -45,18 +45,24 @@ class PagedAttention:
     def forward(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 metadata: AttentionMetadata) -> torch.Tensor:
         k_cache, v_cache = self.kv_pool.kv_caches[layer_idx]
-        self.ops.store_kvcache(k, v, k_cache, v_cache, metadata.slot_mapping)
+        # An int8 pool: every op also takes the scales, quantizes on store and dequantizes on load.
+        # (Not passed at all otherwise, so that a kernel with the plain signature still plugs in.)
+        scales = {}
+        if self.kv_pool.kv_scales is not None:
+            k_scales, v_scales = self.kv_pool.kv_scales[layer_idx]
+            scales = {"k_scales": k_scales, "v_scales": v_scales}
+        self.ops.store_kvcache(k, v, k_cache, v_cache, metadata.slot_mapping, **scales)
         d = metadata.num_decodes
         if d == metadata.num_seqs:
             return self.ops.paged_decode_attention(q, k_cache, v_cache, metadata.block_tables, metadata.seq_lens,
-                                                   self.scale, max_seq_len=metadata.max_seq_len)
+                                                   self.scale, max_seq_len=metadata.max_seq_len, **scales)
         # Prompt chunks (their queries start at row d), and any decodes before them in one decode call.
         out = torch.empty_like(q)
         if d:
             out[:d] = self.ops.paged_decode_attention(q[:d], k_cache, v_cache, metadata.block_tables[:d],
                                                       metadata.seq_lens[:d], self.scale,
-                                                      max_seq_len=metadata.max_seq_len)
+                                                      max_seq_len=metadata.max_seq_len, **scales)
         out[d:] = self.ops.paged_prefill_attention(q[d:], k_cache, v_cache, metadata.cu_seqlens_q[d:] - d,
                                                    metadata.seq_lens[d:], metadata.block_tables[d:], self.scale,
-                                                   max_query_len=metadata.max_query_len)
+                                                   max_query_len=metadata.max_query_len, **scales)
         return out

@@ -12,3 +12,15 @@ def dot_precision(dtype: torch.dtype) -> str:
     """tl.dot's input_precision: fp32 inputs would otherwise be rounded to tf32 (a 10-bit mantissa)
     on the GPU's tensor cores, far off the fp32 reference."""
     return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def check_kv_layout(k_cache: torch.Tensor, v_cache: torch.Tensor, k_scales: torch.Tensor | None,
+                    v_scales: torch.Tensor | None) -> None:
+    """What the kernels assume of the pool: contiguous caches; for an int8 cache, both scale tensors,
+    contiguous, fp32, shaped as the cache without head_dim (so a row's scale is at its offset / head_dim)."""
+    assert k_cache.is_contiguous() and v_cache.is_contiguous()
+    if k_scales is None and v_scales is None:
+        return
+    for cache, scales in ((k_cache, k_scales), (v_cache, v_scales)):
+        assert cache.dtype == torch.int8 and scales is not None and scales.dtype == torch.float32
+        assert scales.is_contiguous() and scales.shape == cache.shape[:-1]

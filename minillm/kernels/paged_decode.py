@@ -9,7 +9,8 @@ weights their outputs.
 
 Grouped-query attention: a program handles all query heads that share one KV head, so each K/V
 block is read from memory once per group instead of once per query head. Decode reads the whole KV
-cache every step and is bound by memory bandwidth, which is why that matters.
+cache every step and is bound by memory bandwidth, which is why that matters; it is also why an int8
+cache pays: half the bytes to read, dequantized in registers as each tile is loaded.
 """
 
 from __future__ import annotations
@@ -20,13 +21,14 @@ import torch
 import triton
 import triton.language as tl
 
-from minillm.kernels import dot_precision
+from minillm.kernels import check_kv_layout, dot_precision
 from minillm.kernels.tiles import load_kv_tile, online_softmax_step
 
 
 @triton.jit
 def _decode_partition_kernel(
-        q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, out_ptr, lse_ptr, scale,
+        q_ptr, k_cache_ptr, v_cache_ptr, k_scales_ptr, v_scales_ptr, block_tables_ptr, seq_lens_ptr, out_ptr,
+        lse_ptr, scale,
         stride_q_seq, stride_q_head, stride_cache_block, stride_cache_slot, stride_cache_head,
         stride_table_seq, stride_out_seq, stride_out_head, stride_out_part, stride_lse_seq, stride_lse_head,
         GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr,
@@ -56,7 +58,7 @@ def _decode_partition_kernel(
         mask_t = pos < end
         k, v = load_kv_tile(k_cache_ptr, v_cache_ptr, block_tables_ptr + seq * stride_table_seq, pos, mask_t,
                             kv_head, offs_d, mask_d, stride_cache_block, stride_cache_slot, stride_cache_head,
-                            BLOCK_SIZE)
+                            BLOCK_SIZE, k_scales_ptr, v_scales_ptr)
         m, denom, acc = online_softmax_step(q, k, v, mask_t[None, :], m, denom, acc, scale, PRECISION)
 
     # A partition past the end of a short sequence saw no key: it reports lse = -inf and weighs nothing.
@@ -93,10 +95,12 @@ def _merge_partitions_kernel(
 
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
-                           max_seq_len: int | None = None, partition_size: int = 512) -> torch.Tensor:
+                           max_seq_len: int | None = None, partition_size: int = 512, *,
+                           k_scales: torch.Tensor | None = None, v_scales: torch.Tensor | None = None) -> torch.Tensor:
     """q: [num_seqs, heads, head_dim]; caches: [num_blocks, block_size, kv_heads, head_dim].
     max_seq_len, if the caller knows it, saves reading seq_lens back from the device;
-    partition_size: context tokens per split (a multiple of the block size)."""
+    partition_size: context tokens per split (a multiple of the block size);
+    k_scales, v_scales: an int8 cache's scales, [num_blocks, block_size, kv_heads]."""
     num_seqs, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     if partition_size % block_size:
@@ -110,9 +114,10 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     dim_pad = max(16, triton.next_power_of_2(head_dim))
     part_out = torch.empty((num_seqs, num_heads, num_parts, head_dim), dtype=torch.float32, device=q.device)
     lse = torch.empty((num_seqs, num_heads, num_parts), dtype=torch.float32, device=q.device)
-    assert q.stride(2) == 1 and k_cache.is_contiguous() and v_cache.is_contiguous()
+    check_kv_layout(k_cache, v_cache, k_scales, v_scales)
+    assert q.stride(2) == 1
     _decode_partition_kernel[(num_seqs, num_kv_heads, num_parts)](
-        q, k_cache, v_cache, block_tables, seq_lens, part_out, lse, scale,
+        q, k_cache, v_cache, k_scales, v_scales, block_tables, seq_lens, part_out, lse, scale,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0), part_out.stride(0), part_out.stride(1), part_out.stride(2),
         lse.stride(0), lse.stride(1),

@@ -18,13 +18,14 @@ import torch
 import triton
 import triton.language as tl
 
-from minillm.kernels import dot_precision
+from minillm.kernels import check_kv_layout, dot_precision
 from minillm.kernels.tiles import load_kv_tile, online_softmax_step
 
 
 @triton.jit
 def _prefill_kernel(
-        q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, cu_seqlens_q_ptr, seq_lens_ptr, out_ptr, scale,
+        q_ptr, k_cache_ptr, v_cache_ptr, k_scales_ptr, v_scales_ptr, block_tables_ptr, cu_seqlens_q_ptr,
+        seq_lens_ptr, out_ptr, scale,
         stride_q_token, stride_q_head, stride_cache_block, stride_cache_slot, stride_cache_head,
         stride_table_seq, stride_out_token, stride_out_head,
         GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
@@ -57,7 +58,7 @@ def _prefill_kernel(
         mask_n = offs_n < end
         k, v = load_kv_tile(k_cache_ptr, v_cache_ptr, block_tables_ptr + seq * stride_table_seq, offs_n, mask_n,
                             kv_head, offs_d, mask_d, stride_cache_block, stride_cache_slot, stride_cache_head,
-                            BLOCK_SIZE)
+                            BLOCK_SIZE, k_scales_ptr, v_scales_ptr)
         visible = mask_n[None, :] & (offs_n[None, :] <= q_pos[:, None])  # causal
         m, denom, acc = online_softmax_step(q, k, v, visible, m, denom, acc, scale, PRECISION)
 
@@ -68,8 +69,10 @@ def _prefill_kernel(
 
 def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                             cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor, block_tables: torch.Tensor,
-                            scale: float, max_query_len: int | None = None) -> torch.Tensor:
-    """q: [total_tokens, heads, head_dim]; caches: [num_blocks, block_size, kv_heads, head_dim]."""
+                            scale: float, max_query_len: int | None = None, *, k_scales: torch.Tensor | None = None,
+                            v_scales: torch.Tensor | None = None) -> torch.Tensor:
+    """q: [total_tokens, heads, head_dim]; caches: [num_blocks, block_size, kv_heads, head_dim];
+    k_scales, v_scales: an int8 cache's scales, [num_blocks, block_size, kv_heads]."""
     total_tokens, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     num_seqs = seq_lens.shape[0]
@@ -78,9 +81,10 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     # The interpreter runs each program in Python: fewer, bigger tiles are much faster there.
     block_m, block_n = (32, 64) if os.environ.get("TRITON_INTERPRET") == "1" else (64, 64)
     out = torch.empty_like(q)
-    assert q.stride(2) == 1 and k_cache.is_contiguous() and v_cache.is_contiguous()
+    check_kv_layout(k_cache, v_cache, k_scales, v_scales)
+    assert q.stride(2) == 1
     _prefill_kernel[(triton.cdiv(max_query_len, block_m), num_seqs, num_heads)](
-        q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, out, scale,
+        q, k_cache, v_cache, k_scales, v_scales, block_tables, cu_seqlens_q, seq_lens, out, scale,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0), out.stride(0), out.stride(1),
         GROUP=num_heads // num_kv_heads, HEAD_DIM=head_dim, DIM_PAD=max(16, triton.next_power_of_2(head_dim)),

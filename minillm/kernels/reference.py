@@ -5,6 +5,12 @@ Layout shared by all of them: the pool of one layer is `k_cache, v_cache: [num_b
 num_kv_heads, head_dim]`; a token's slot is `block_id * block_size + offset`; `block_tables:
 [num_seqs, max_blocks]` (int32, unused entries arbitrary); `seq_lens: [num_seqs]` counts every token
 of a sequence whose K/V are in the pool, this step's included.
+
+An int8 pool (kv_cache_dtype="int8") comes with `k_scales, v_scales: [num_blocks, block_size,
+num_kv_heads]` (fp32): each (token, head) row of head_dim values is stored as round(x / s), clamped to
+[-127, 127], with s = max|x| / 127 (the symmetric formula of int8 weights, a row being one token's
+head). Every function takes them as optional keywords: stores quantize, attention dequantizes what it
+reads back to q's dtype. Without them the pool holds K and V as they are.
 """
 
 from __future__ import annotations
@@ -13,27 +19,54 @@ import torch
 import torch.nn.functional as F
 
 from minillm.attention.reference import attend
+from minillm.quant.int8 import dequantize_int8, quantize_int8
+
+
+def quantize_kv(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [..., head_dim] -> (int8 [..., head_dim], fp32 scales [...]): one scale per row of head_dim."""
+    q, scales = quantize_int8(x.reshape(-1, x.shape[-1]).float())
+    return q.view(x.shape), scales.view(x.shape[:-1])
+
+
+def dequantize_kv(q: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The inverse of quantize_kv, computed in fp32 and rounded to dtype."""
+    return dequantize_int8(q.reshape(-1, q.shape[-1]), scales.reshape(-1)).view(q.shape).to(dtype)
 
 
 def store_kvcache_ref(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                      slot_mapping: torch.Tensor) -> None:
+                      slot_mapping: torch.Tensor, *, k_scales: torch.Tensor | None = None,
+                      v_scales: torch.Tensor | None = None) -> None:
     """Write k, v: [tokens, kv_heads, head_dim] into their slots; a slot of -1 is skipped."""
     keep = slot_mapping >= 0
     slots = slot_mapping[keep].long()
-    k_cache.view(-1, *k_cache.shape[2:])[slots] = k[keep]
-    v_cache.view(-1, *v_cache.shape[2:])[slots] = v[keep]
+    for x, cache, scales in ((k, k_cache, k_scales), (v, v_cache, v_scales)):
+        x = x[keep]
+        if scales is not None:
+            x, s = quantize_kv(x)
+            scales.view(-1, scales.shape[2])[slots] = s
+        cache.view(-1, *cache.shape[2:])[slots] = x
 
 
-def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
-    """One sequence's first `length` tokens out of the pool, in order: [length, kv_heads, head_dim]."""
+def select_blocks(cache: torch.Tensor, block_ids: torch.Tensor, scales: torch.Tensor | None = None,
+                  dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """cache[block_ids] (block_ids int64), dequantized to dtype if the cache is int8 (scales given)."""
+    # index_select: on a CPU several times faster than the equivalent cache[block_ids] indexing.
+    blocks = cache.index_select(0, block_ids)
+    return blocks if scales is None else dequantize_kv(blocks, scales.index_select(0, block_ids), dtype)
+
+
+def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, length: int, scales: torch.Tensor | None = None,
+              dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """One sequence's first `length` tokens out of the pool, in order: [length, kv_heads, head_dim]
+    (an int8 pool's dequantized to dtype)."""
     num_blocks = -(-length // cache.shape[1])
-    # index_select: on a CPU several times faster than the equivalent cache[block_table] indexing.
-    return cache.index_select(0, block_table[:num_blocks].long()).flatten(0, 1)[:length]
+    return select_blocks(cache, block_table[:num_blocks].long(), scales, dtype).flatten(0, 1)[:length]
 
 
 def paged_decode_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                                block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
-                               max_seq_len: int | None = None) -> torch.Tensor:
+                               max_seq_len: int | None = None, *, k_scales: torch.Tensor | None = None,
+                               v_scales: torch.Tensor | None = None) -> torch.Tensor:
     """One query per sequence, its last token: q [num_seqs, heads, head_dim] -> same shape.
     The whole batch in one attention call: every sequence's blocks are gathered into rows of equal
     length (a copy of its K/V, which the Triton kernel avoids), and keys past its length are masked.
@@ -42,8 +75,8 @@ def paged_decode_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: 
     num_seqs, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
     blocks = block_tables.flatten().long()
-    k = k_cache.index_select(0, blocks).view(num_seqs, -1, num_kv_heads, head_dim).transpose(1, 2)  # [.., L, d]
-    v = v_cache.index_select(0, blocks).view(num_seqs, -1, num_kv_heads, head_dim).transpose(1, 2)
+    k = select_blocks(k_cache, blocks, k_scales, q.dtype).view(num_seqs, -1, num_kv_heads, head_dim).transpose(1, 2)
+    v = select_blocks(v_cache, blocks, v_scales, q.dtype).view(num_seqs, -1, num_kv_heads, head_dim).transpose(1, 2)
     visible = torch.arange(k.shape[2], device=q.device)[None, :] < seq_lens[:, None]
     # The query heads sharing a KV head are its rows (grouped-query attention): [num_seqs, kv_heads, group, d].
     qg = q.view(num_seqs, num_kv_heads, num_heads // num_kv_heads, head_dim)
@@ -54,7 +87,8 @@ def paged_decode_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: 
 def paged_prefill_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                                 cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor,
                                 block_tables: torch.Tensor, scale: float,
-                                max_query_len: int | None = None) -> torch.Tensor:
+                                max_query_len: int | None = None, *, k_scales: torch.Tensor | None = None,
+                                v_scales: torch.Tensor | None = None) -> torch.Tensor:
     """A ragged batch: sequence i's queries are q[cu_seqlens_q[i]:cu_seqlens_q[i+1]], its last
     tokens; they attend causally to its cached prefix and to each other, all read from the pool.
     q: [total_tokens, heads, head_dim] -> same shape."""
@@ -62,7 +96,7 @@ def paged_prefill_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache:
     bounds = cu_seqlens_q.tolist()
     for i, length in enumerate(seq_lens.tolist()):
         s, e = bounds[i], bounds[i + 1]
-        k = gather_kv(k_cache, block_tables[i], length)
-        v = gather_kv(v_cache, block_tables[i], length)
+        k = gather_kv(k_cache, block_tables[i], length, k_scales, q.dtype)
+        v = gather_kv(v_cache, block_tables[i], length, v_scales, q.dtype)
         out[s:e] = attend(q[s:e], k, v, q_start=length - (e - s), scale=scale)
     return out

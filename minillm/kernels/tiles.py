@@ -9,15 +9,22 @@ import triton.language as tl
 
 @triton.jit
 def load_kv_tile(k_cache_ptr, v_cache_ptr, table_ptr, pos, mask, kv_head, offs_d, mask_d,
-                 stride_cache_block, stride_cache_slot, stride_cache_head, BLOCK_SIZE: tl.constexpr):
+                 stride_cache_block, stride_cache_slot, stride_cache_head, BLOCK_SIZE: tl.constexpr,
+                 k_scales_ptr=None, v_scales_ptr=None):
     """K and V of the tokens at positions `pos` of one sequence (table_ptr: its block table row):
-    token p lives in block table[p // BLOCK_SIZE], slot p % BLOCK_SIZE. Masked tokens read as 0."""
+    token p lives in block table[p // BLOCK_SIZE], slot p % BLOCK_SIZE. Masked tokens read as 0.
+    An int8 cache comes with its scales (laid out as the cache without head_dim, so that a row's
+    scale sits at the row's offset / head_dim): K and V are then returned dequantized, in fp32."""
     block_ids = tl.load(table_ptr + pos // BLOCK_SIZE, mask=mask, other=0).to(tl.int64)
-    offs = (block_ids[:, None] * stride_cache_block + (pos % BLOCK_SIZE)[:, None] * stride_cache_slot
-            + kv_head * stride_cache_head + offs_d[None, :])
+    rows = block_ids * stride_cache_block + (pos % BLOCK_SIZE) * stride_cache_slot + kv_head * stride_cache_head
+    offs = rows[:, None] + offs_d[None, :]
     kv_mask = mask[:, None] & mask_d[None, :]
     k = tl.load(k_cache_ptr + offs, mask=kv_mask, other=0.0)
     v = tl.load(v_cache_ptr + offs, mask=kv_mask, other=0.0)
+    if k_scales_ptr is not None:
+        scale_offs = rows // stride_cache_head
+        k = k.to(tl.float32) * tl.load(k_scales_ptr + scale_offs, mask=mask, other=0.0)[:, None]
+        v = v.to(tl.float32) * tl.load(v_scales_ptr + scale_offs, mask=mask, other=0.0)[:, None]
     return k, v
 
 
@@ -25,7 +32,10 @@ def load_kv_tile(k_cache_ptr, v_cache_ptr, table_ptr, pos, mask, kv_head, offs_d
 def online_softmax_step(q, k, v, visible, m, denom, acc, scale, PRECISION: tl.constexpr):
     """Attend rows of q to one tile of keys without ever holding all the scores: m is each row's
     running max, denom its running sum of exp(score - m), acc its running weighted sum of values.
-    A new max rescales what was summed before by exp(old max - new max)."""
+    A new max rescales what was summed before by exp(old max - new max). K and V are taken in q's
+    dtype (a dequantized int8 tile comes in fp32)."""
+    k = k.to(q.dtype)
+    v = v.to(q.dtype)
     scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
     scores = tl.where(visible, scores, float("-inf"))
     m_new = tl.maximum(m, tl.max(scores, 1))

@@ -14,6 +14,8 @@ class MergedLinear(nn.Linear):
         super().__init__(in_features, sum(output_sizes), bias=bias)
         self.output_sizes = list(output_sizes)
 
-    def shard_range(self, index: int) -> tuple[int, int]:
-        start = sum(self.output_sizes[:index])
-        return start, start + self.output_sizes[index]
+
+def shard_range(output_sizes: list[int], index: int) -> tuple[int, int]:
+    """The rows of the stacked output that hold checkpoint matrix `index`."""
+    start = sum(output_sizes[:index])
+    return start, start + output_sizes[index]

@@ -1,26 +1,46 @@
 """A linear layer whose weight is stored quantized, and the swap that quantizes a model's decoder.
 
-The forward pass here is the reference: dequantize the whole weight, then matmul. It is exact but
-reads (and writes) a full-precision copy of the weight every call; the point of a quantized kernel
-is to dequantize inside the matmul instead.
+The layer's `kernel` picks its matmul: "torch", the reference (`minillm.quant.reference`: dequantize
+the whole weight, then matmul; exact, but it reads and writes a full-precision copy of the weight
+every call), or "triton" (`minillm.kernels.quant_matmul`), which dequantizes tiles in registers
+inside the matmul instead.
 """
 
 from __future__ import annotations
 
+import functools
+from types import SimpleNamespace
+
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from minillm.quant import INT4_GROUP_SIZES, QUANTIZATION_METHODS
 from minillm.quant.int4 import dequantize_int4, quantize_int4
 from minillm.quant.int8 import dequantize_int8, quantize_int8
+from minillm.quant.reference import int4_matmul_ref, int8_matmul_ref
+
+KERNELS = ("torch", "triton")
+
+
+@functools.cache
+def load_matmul_ops(kernel: str) -> SimpleNamespace:
+    """int8_matmul and int4_matmul of the given kernel, both with the signatures of the references."""
+    if kernel not in KERNELS:
+        raise ValueError(f"the quantized matmul kernel must be one of {KERNELS}, got {kernel!r}")
+    if kernel == "triton":
+        # Imported here: the kernel module needs triton, which the torch path never does.
+        from minillm.kernels.quant_matmul import int4_matmul, int8_matmul
+        return SimpleNamespace(int8_matmul=int8_matmul, int4_matmul=int4_matmul)
+    return SimpleNamespace(int8_matmul=int8_matmul_ref, int4_matmul=int4_matmul_ref)
 
 
 class QuantLinear(nn.Module):
-    def __init__(self, linear: nn.Linear, method: str, group_size: int) -> None:
+    def __init__(self, linear: nn.Linear, method: str, group_size: int, kernel: str = "torch") -> None:
         super().__init__()
+        load_matmul_ops(kernel)  # a bad name fails here, not at the first forward
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.method, self.group_size = method, group_size
+        self.kernel = kernel  # "torch" or "triton"; may be changed later
         if hasattr(linear, "output_sizes"):
             self.output_sizes = linear.output_sizes  # the attention and MLP split the output by it
         weight = linear.weight.detach()
@@ -40,7 +60,10 @@ class QuantLinear(nn.Module):
         return dequantize_int4(self.qweight, self.scales, self.zeros, self.group_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.dequantized_weight(), self.bias)
+        ops = load_matmul_ops(self.kernel)
+        if self.method == "int8":
+            return ops.int8_matmul(x, self.qweight, self.scales, self.bias)
+        return ops.int4_matmul(x, self.qweight, self.scales, self.zeros, self.group_size, self.bias)
 
     def extra_repr(self) -> str:
         group = f", group_size={self.group_size}" if self.method == "int4" else ""
@@ -54,13 +77,14 @@ def decoder_linears(model: nn.Module) -> list[tuple[str, nn.Module]]:
             if isinstance(module, (nn.Linear, QuantLinear)) and ".layers." in f".{name}"]
 
 
-def quantize_model(model: nn.Module, method: str, group_size: int = 128) -> nn.Module:
-    """Replace every linear layer of the decoder layers by a QuantLinear; embeddings and the output
-    head keep the model dtype."""
+def quantize_model(model: nn.Module, method: str, group_size: int = 128, kernel: str = "torch") -> nn.Module:
+    """Replace every linear layer of the decoder layers by a QuantLinear whose matmul runs on
+    `kernel` ("torch" or "triton"); embeddings and the output head keep the model dtype."""
     if method not in QUANTIZATION_METHODS:
         raise ValueError(f"quantization must be one of {QUANTIZATION_METHODS} or None, got {method!r}")
     if method == "int4" and group_size not in INT4_GROUP_SIZES:
         raise ValueError(f"quant_group_size must be one of {INT4_GROUP_SIZES} for int4, got {group_size!r}")
+    load_matmul_ops(kernel)
     targets = [(name, module) for name, module in decoder_linears(model) if isinstance(module, nn.Linear)]
     if method == "int4":
         for name, module in targets:
@@ -69,7 +93,7 @@ def quantize_model(model: nn.Module, method: str, group_size: int = 128) -> nn.M
                                  f"dimension {module.in_features} is not a multiple of {group_size}")
     for name, module in targets:
         parent_name, _, child = name.rpartition(".")
-        setattr(model.get_submodule(parent_name), child, QuantLinear(module, method, group_size))
+        setattr(model.get_submodule(parent_name), child, QuantLinear(module, method, group_size, kernel))
     return model
 
 

@@ -1,0 +1,285 @@
+"""Matmul with weight-only-quantized weights, in Triton: y = x @ dequant(W).T (+ bias), for the int8
+and int4 layouts of `minillm.quant` (references: `minillm.quant.reference`).
+
+Why dequantize inside the loop: at decode a linear layer does two flops per weight per row and reads
+every weight once per step, so its time is the time it takes to read the weights. The reference
+(dequantize the whole weight, then F.linear) reads the stored bytes, writes a full-precision copy
+and reads that back: more traffic than an unquantized layer. Here each program loads tiles of the
+stored bytes and unpacks and scales them in registers, just before they are multiplied, so a weight
+costs what it is stored in: 1 byte (int8) or half a byte (int4) instead of 2 for fp16, plus the
+scales and zero points. The bytes read per weight drop 2x / 4x, and with them the decode time.
+
+Two paths, picked by the number of rows M (`pick_path`):
+- gemv, for decode (M <= GEMV_MAX_ROWS): one program per block of output channels and per slice of
+  the inputs (split-K), holding every row, so each weight byte is read once for all of them. A
+  single row is a multiply-reduce; 2 to 16 rows one tl.dot per tile. The slices' partial sums are
+  added by a second small kernel, in a fixed order, so results do not vary from run to run.
+- gemm, for prefill: the classic tiling over rows and output channels with tl.dot. It is
+  compute-bound: the weight tiles are re-read once per block of rows, mostly from L2.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from minillm.kernels import dot_precision
+
+# tl.dot's smallest row tile on the GPU is 16, so up to 16 rows cost one pass over the weights, the
+# same as one row. And at 16 rows a weight still does little arithmetic per byte read (2 * 16 flops
+# per int8 byte, 64 per int4 byte) against the 200-300 flops per byte at which an H100/H200's tensor
+# cores, not its memory, become the limit: reading the weights once is still all that matters. Past
+# that, more rows are better spread over more programs, which is what the gemm grid does.
+GEMV_MAX_ROWS = 16
+PATHS = ("auto", "gemv", "gemm")
+INPUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+@triton.jit
+def _weight_tile(w_ptr, scales_ptr, zeros_ptr, offs_n, mask_n, k0, K, stride_wn, stride_sn,
+                 BLOCK_K: tl.constexpr, GROUP_SIZE: tl.constexpr, INT4: tl.constexpr):
+    """Weights of output channels offs_n, inputs k0 .. k0 + BLOCK_K, as a [BLOCK_N, BLOCK_K] fp32
+    tile. int8: the raw levels, whose row scale is applied to the finished sum instead (one multiply
+    per output, not per weight). int4: dequantized; the tile lies in one group (BLOCK_K divides
+    GROUP_SIZE), so a row's scale and zero point are one load per tile."""
+    rows = offs_n.to(tl.int64)[:, None] * stride_wn
+    if INT4:
+        # Byte j holds input 2j (low nibble) and 2j + 1 (high nibble). Interleaving the two nibble
+        # tiles restores input order, so x stays one contiguous load and each tile one tl.dot; the
+        # alternative, splitting x into even and odd columns for two dots, would turn x's loads into
+        # stride-2 gathers. tl.join places its new axis within a thread, so no data crosses threads.
+        packed = tl.load(w_ptr + rows + k0 // 2 + tl.arange(0, BLOCK_K // 2)[None, :], mask=mask_n[:, None], other=0)
+        q = tl.interleave(packed & 0xF, packed >> 4).to(tl.float32)
+        group = k0 // GROUP_SIZE
+        scale = tl.load(scales_ptr + offs_n * stride_sn + group, mask=mask_n, other=0.0).to(tl.float32)
+        zero = tl.load(zeros_ptr + offs_n * stride_sn + group, mask=mask_n, other=0.0).to(tl.float32)
+        w = (q - zero[:, None]) * scale[:, None]
+    else:
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        w = tl.load(w_ptr + rows + offs_k[None, :], mask=mask_n[:, None] & (offs_k < K)[None, :],
+                    other=0).to(tl.float32)
+    return w
+
+
+@triton.jit
+def _store_rows(acc, scales_ptr, bias_ptr, out_ptr, offs_m, offs_n, mask_m, mask_n, stride_om,
+                INT4: tl.constexpr, HAS_BIAS: tl.constexpr):
+    if not INT4:  # int8: the row's scale was left out of the sum (see _weight_tile)
+        acc = acc * tl.load(scales_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+    tl.store(out_ptr + offs_m.to(tl.int64)[:, None] * stride_om + offs_n[None, :],
+             acc.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+
+
+@triton.jit
+def _gemv_kernel(x_ptr, w_ptr, scales_ptr, zeros_ptr, bias_ptr, out_ptr, M, N, K, tiles_per_split,
+                 stride_xm, stride_wn, stride_sn, stride_om, stride_out_split,
+                 INT4: tl.constexpr, GROUP_SIZE: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr,
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr):
+    """Program (n, s, m): output channels of block n, input slice s, rows of block m (a single
+    block up to GEMV_MAX_ROWS rows). With several slices, out_ptr is an fp32 buffer of partial sums,
+    one [M, N] plane per slice, and bias comes with the reduction."""
+    pid_n = tl.program_id(0)
+    split = tl.program_id(1)
+    offs_m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_m = offs_m < M
+    mask_n = offs_n < N
+    x_rows = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    start = split * tiles_per_split * BLOCK_K
+    for k0 in range(start, tl.minimum(K, start + tiles_per_split * BLOCK_K), BLOCK_K):
+        w = _weight_tile(w_ptr, scales_ptr, zeros_ptr, offs_n, mask_n, k0, K, stride_wn, stride_sn,
+                         BLOCK_K, GROUP_SIZE, INT4)
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        x = tl.load(x_rows + offs_k[None, :], mask=mask_m[:, None] & (offs_k < K)[None, :], other=0.0)
+        if BLOCK_M == 1:
+            # One row: a multiply-reduce on the plain ALUs, rather than a tensor-core tile padded
+            # to 16 rows (which, for fp32 inputs, has no tensor cores to run on).
+            acc += tl.sum(w * x.to(tl.float32), axis=1)[None, :]
+        else:
+            acc = tl.dot(x, tl.trans(w.to(x.dtype)), acc, input_precision=PRECISION)
+    _store_rows(acc, scales_ptr, bias_ptr, out_ptr + split * stride_out_split, offs_m, offs_n, mask_m, mask_n,
+                stride_om, INT4, HAS_BIAS)
+
+
+@triton.jit
+def _split_k_reduce_kernel(partial_ptr, bias_ptr, out_ptr, N, num_splits, stride_split, stride_pm, stride_om,
+                           HAS_BIAS: tl.constexpr, SPLITS_PAD: tl.constexpr, BLOCK_N: tl.constexpr):
+    row = tl.program_id(0)
+    offs_s = tl.arange(0, SPLITS_PAD)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_n = offs_n < N
+    parts = tl.load(partial_ptr + offs_s[:, None] * stride_split + row * stride_pm + offs_n[None, :],
+                    mask=(offs_s < num_splits)[:, None] & mask_n[None, :], other=0.0)
+    acc = tl.sum(parts, 0)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * stride_om + offs_n, acc.to(out_ptr.dtype.element_ty), mask=mask_n)
+
+
+@triton.jit
+def _gemm_kernel(x_ptr, w_ptr, scales_ptr, zeros_ptr, bias_ptr, out_ptr, M, N, K,
+                 stride_xm, stride_wn, stride_sn, stride_om,
+                 INT4: tl.constexpr, GROUP_SIZE: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr,
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr):
+    # Row blocks vary fastest (program_id 0): the programs running at the same time share the same
+    # few blocks of weights, which are then read from memory about once and from L2 after that.
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_m = offs_m < M
+    mask_n = offs_n < N
+    x_rows = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        x = tl.load(x_rows + offs_k[None, :], mask=mask_m[:, None] & (offs_k < K)[None, :], other=0.0)
+        w = _weight_tile(w_ptr, scales_ptr, zeros_ptr, offs_n, mask_n, k0, K, stride_wn, stride_sn,
+                         BLOCK_K, GROUP_SIZE, INT4)
+        # The dequantized tile is rounded to x's dtype, as the reference's dequantized weight is.
+        acc = tl.dot(x, tl.trans(w.to(x.dtype)), acc, input_precision=PRECISION)
+    _store_rows(acc, scales_ptr, bias_ptr, out_ptr, offs_m, offs_n, mask_m, mask_n, stride_om, INT4, HAS_BIAS)
+
+
+def pick_path(rows: int) -> str:
+    """The path `path="auto"` takes for a batch of `rows` rows."""
+    return "gemv" if rows <= GEMV_MAX_ROWS else "gemm"
+
+
+@functools.cache
+def _num_sms(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def _gemv_splits(n_blocks: int, k_tiles: int, rows: int, n: int, weight_bytes: int, device: torch.device) -> int:
+    """Slices of K for the gemv path: enough programs to keep every SM's loads in flight (a
+    4096-wide layer in blocks of 64 channels is only 64 programs), but no slice shorter than 4
+    tiles, and a buffer of fp32 partial sums no larger than a quarter of the weight bytes (it is
+    written, then read back by the reduction, mostly from L2)."""
+    if device.type != "cuda":
+        return 1  # the interpreter runs programs one after another: slicing only adds work
+    want = triton.cdiv(4 * _num_sms(device.index if device.index is not None else torch.cuda.current_device()),
+                       n_blocks)
+    return max(1, min(want, k_tiles // 4, weight_bytes // (16 * rows * n)))
+
+
+def _check_common(x: torch.Tensor, weight: torch.Tensor, in_features: int, scales: torch.Tensor,
+                  bias: torch.Tensor | None, path: str, split_k: int | None) -> None:
+    if x.dtype not in INPUT_DTYPES:
+        raise TypeError(f"x must be one of {INPUT_DTYPES}, got {x.dtype}")
+    if x.dim() == 0 or x.shape[-1] != in_features:
+        raise ValueError(f"x must end in the weight's {in_features} input features, got shape {tuple(x.shape)}")
+    if scales.dtype != x.dtype:
+        raise TypeError(f"scales must be in x's dtype {x.dtype} (the model dtype), got {scales.dtype}")
+    out_features = weight.shape[0]
+    if bias is not None and (bias.shape != (out_features,) or bias.dtype != x.dtype):
+        raise ValueError(f"bias must be [{out_features}] in {x.dtype}, got {tuple(bias.shape)} in {bias.dtype}")
+    tensors = [x, weight, scales] + ([] if bias is None else [bias])
+    if len({t.device for t in tensors}) > 1:
+        raise ValueError(f"all inputs must be on one device, got {[str(t.device) for t in tensors]}")
+    if path not in PATHS:
+        raise ValueError(f"path must be one of {PATHS}, got {path!r}")
+    if split_k is not None and split_k < 1:
+        raise ValueError(f"split_k must be at least 1, got {split_k}")
+
+
+def int8_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None = None,
+                *, path: str = "auto", split_k: int | None = None) -> torch.Tensor:
+    """x [..., in] @ (qweight * scales[:, None]).T + bias -> [..., out] in x's dtype.
+
+    qweight: int8 [out, in], contiguous; scales: [out] in x's dtype. path: "gemv" or "gemm" forces a
+    path ("auto": `pick_path`); split_k forces the gemv path's number of input slices."""
+    if qweight.dtype != torch.int8 or qweight.dim() != 2 or not qweight.is_contiguous():
+        raise ValueError(f"qweight must be a contiguous int8 [out, in] tensor, got {qweight.dtype} "
+                         f"{tuple(qweight.shape)}{'' if qweight.is_contiguous() else ' (not contiguous)'}")
+    out_features, in_features = qweight.shape
+    _check_common(x, qweight, in_features, scales, bias, path, split_k)
+    if scales.shape != (out_features,) or not scales.is_contiguous():
+        raise ValueError(f"int8 scales must be one per output row, [{out_features}] contiguous, "
+                         f"got {tuple(scales.shape)}")
+    return _quant_matmul(x, qweight, scales, None, bias, in_features, 0, path, split_k)
+
+
+def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group_size: int,
+                bias: torch.Tensor | None = None, *, path: str = "auto", split_k: int | None = None) -> torch.Tensor:
+    """x [..., in] @ dequantize_int4(packed, scales, zeros, group_size).T + bias -> [..., out] in x's dtype.
+
+    packed: uint8 [out, in // 2], contiguous, input 2j in the low nibble of byte j and 2j + 1 in the
+    high one; scales, zeros: [out, in // group_size] in x's dtype; group_size: a power of two >= 16
+    (a weight tile must lie in one group and tl.dot needs 16 inputs). path, split_k: as int8_matmul."""
+    if packed.dtype != torch.uint8 or packed.dim() != 2 or not packed.is_contiguous():
+        raise ValueError(f"packed must be a contiguous uint8 [out, in // 2] tensor (two int4 per byte), got "
+                         f"{packed.dtype} {tuple(packed.shape)}{'' if packed.is_contiguous() else ' (not contiguous)'}")
+    out_features, in_features = packed.shape[0], 2 * packed.shape[1]
+    _check_common(x, packed, in_features, scales, bias, path, split_k)
+    if group_size < 16 or group_size & (group_size - 1):
+        raise ValueError(f"group_size must be a power of two of at least 16, got {group_size}")
+    if in_features % group_size:
+        raise ValueError(f"in_features {in_features} is not a multiple of group_size {group_size}")
+    groups = (out_features, in_features // group_size)
+    for name, t in (("scales", scales), ("zeros", zeros)):
+        if t.shape != groups or t.dtype != x.dtype or not t.is_contiguous() or t.device != x.device:
+            raise ValueError(f"int4 {name} must be [out, in // group_size] = {list(groups)}, contiguous, in "
+                             f"{x.dtype} on {x.device}; got {tuple(t.shape)} in {t.dtype} on {t.device}")
+    return _quant_matmul(x, packed, scales, zeros, bias, in_features, group_size, path, split_k)
+
+
+def _quant_matmul(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None,
+                  bias: torch.Tensor | None, in_features: int, group_size: int, path: str,
+                  split_k: int | None) -> torch.Tensor:
+    lead = x.shape[:-1]
+    x = x.reshape(-1, in_features)
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    rows, out_features = x.shape[0], weight.shape[0]
+    out = torch.empty((rows, out_features), dtype=x.dtype, device=x.device)
+    if rows == 0:
+        return out.view(*lead, out_features)
+    int4 = zeros is not None
+    # Unused pointers (zeros for int8, a missing bias) are never read: any tensor will do.
+    zeros_arg = zeros if int4 else scales
+    bias_arg = bias if bias is not None else scales
+    stride_sn = scales.stride(0) if int4 else 0
+    precision = dot_precision(x.dtype)
+    if path == "auto":
+        path = pick_path(rows)
+
+    if path == "gemm":
+        block_m, block_n = 64, 128
+        block_k = min(64, group_size) if int4 else 64
+        grid = (triton.cdiv(rows, block_m), triton.cdiv(out_features, block_n))
+        _gemm_kernel[grid](
+            x, weight, scales, zeros_arg, bias_arg, out, rows, out_features, in_features,
+            x.stride(0), weight.stride(0), stride_sn, out.stride(0),
+            INT4=int4, GROUP_SIZE=group_size, HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=block_n,
+            BLOCK_K=block_k, PRECISION=precision, num_warps=8, num_stages=3)
+        return out.view(*lead, out_features)
+
+    # gemv: all rows in one block of up to 16 (more, when forced, take several blocks).
+    block_m = 1 if rows == 1 else GEMV_MAX_ROWS
+    block_n = 64
+    block_k = min(128, group_size) if int4 else 128
+    n_blocks, k_tiles = triton.cdiv(out_features, block_n), triton.cdiv(in_features, block_k)
+    if split_k is None:
+        split_k = _gemv_splits(n_blocks, k_tiles, rows, out_features, weight.numel() * weight.element_size(),
+                               x.device)
+    tiles_per_split = triton.cdiv(k_tiles, min(split_k, k_tiles))
+    splits = triton.cdiv(k_tiles, tiles_per_split)  # no slice left empty
+    target = out if splits == 1 else torch.empty((splits, rows, out_features), dtype=torch.float32,
+                                                 device=x.device)
+    grid = (n_blocks, splits, triton.cdiv(rows, block_m))
+    _gemv_kernel[grid](
+        x, weight, scales, zeros_arg, bias_arg, target, rows, out_features, in_features, tiles_per_split,
+        x.stride(0), weight.stride(0), stride_sn, target.stride(-2), target.stride(0) if splits > 1 else 0,
+        INT4=int4, GROUP_SIZE=group_size, HAS_BIAS=bias is not None and splits == 1, BLOCK_M=block_m,
+        BLOCK_N=block_n, BLOCK_K=block_k, PRECISION=precision, num_warps=4)
+    if splits > 1:
+        reduce_n = 128
+        _split_k_reduce_kernel[(rows, triton.cdiv(out_features, reduce_n))](
+            target, bias_arg, out, out_features, splits, target.stride(0), target.stride(1), out.stride(0),
+            HAS_BIAS=bias is not None, SPLITS_PAD=triton.next_power_of_2(splits), BLOCK_N=reduce_n)
+    return out.view(*lead, out_features)
