@@ -27,9 +27,15 @@ def _generate(args) -> None:
 
 def _quantize(args) -> None:
     from minillm import LLM
+    from minillm.config import ModelConfig
+    from minillm.loader import resolve_model_path
     from minillm.quant.checkpoint import save_quantized
 
-    llm = LLM(args.model, device=args.device, dtype=args.dtype, quantization=args.quantization,
+    # "auto" keeps the checkpoint's dtype (on a CPU the engine's auto would be float32).
+    dtype = args.dtype
+    if dtype == "auto":
+        dtype = ModelConfig.from_dir(resolve_model_path(args.model)).checkpoint_dtype.removeprefix("torch.")
+    llm = LLM(args.model, device=args.device, dtype=dtype, quantization=args.quantization,
               quant_group_size=args.group_size, skip_tokenizer_init=True)
     print(f"wrote {save_quantized(llm, args.output)}")
 

@@ -11,6 +11,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from minillm.quant import INT4_GROUP_SIZES, QUANTIZATION_METHODS
+
 SUPPORTED_ARCHITECTURES = {
     "LlamaForCausalLM": "llama",  # Llama 2/3/3.x, SmolLM2, TinyLlama, ...
     "MistralForCausalLM": "mistral",
@@ -130,7 +132,12 @@ def _read_quantization(raw: dict, source: str) -> tuple[str | None, int | None]:
     if qc.get("quant_method") != "minillm":
         raise ValueError(f"unsupported quantization_config {qc.get('quant_method')!r} in {source}: minillm reads "
                          "only checkpoints it quantized itself; load the unquantized model with quantization=...")
-    return qc["quantization"], qc.get("group_size")
+    method, group_size = qc.get("quantization"), qc.get("group_size")
+    if method not in QUANTIZATION_METHODS or (method == "int4" and group_size not in INT4_GROUP_SIZES):
+        raise ValueError(f"quantization_config in {source} must give a quantization in {QUANTIZATION_METHODS} "
+                         f"(int4 with a group_size in {INT4_GROUP_SIZES}); got quantization={method!r}, "
+                         f"group_size={group_size!r}")
+    return method, group_size
 
 
 def _read_rope(raw: dict, source: str) -> tuple[float, dict]:

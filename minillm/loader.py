@@ -22,7 +22,7 @@ ASSETS = Path(__file__).parent / "assets"
 SHIPPED_MODELS = {"tiny": ASSETS / "tiny", "tiny-draft": ASSETS / "tiny-draft"}
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 _HUB_FILES = ["*.json", "*.safetensors", "tokenizer.model", "*.txt"]  # never *.bin / *.pt
-_PICKLE_SUFFIXES = {".bin", ".pt", ".pth", ".ckpt", ".pkl"}
+PICKLE_SUFFIXES = {".bin", ".pt", ".pth", ".ckpt", ".pkl"}
 _IGNORED_TENSORS = ("rotary_emb.inv_freq",)
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
 
@@ -60,7 +60,7 @@ def weight_files(path: Path) -> list[Path]:
         return [path / n for n in names]
     files = sorted(path.glob("*.safetensors"))
     if not files:
-        pickles = sorted(p.name for p in path.iterdir() if p.suffix in _PICKLE_SUFFIXES)
+        pickles = sorted(p.name for p in path.iterdir() if p.suffix in PICKLE_SUFFIXES)
         hint = (f"; found {', '.join(pickles)}, which minillm refuses to load because pickle files "
                 "can run code (convert them to safetensors first)") if pickles else ""
         raise ValueError(f"no *.safetensors weight files in {path}{hint}")

@@ -93,8 +93,8 @@ def test_bench_throughput_writes_json(tmp_path):
 
 def test_bench_quant_writes_json(tmp_path):
     out = tmp_path / "quant.json"
-    result = minillm("bench", "quant", "--max-eval-tokens", "1024", "--num-prompts", "2", "--num-tokens", "4",
-                     "--group-sizes", "64", "128", "--out", str(out))
+    result = minillm("bench", "quant", "--device", "cpu", "--max-eval-tokens", "1024", "--num-prompts", "2",
+                     "--num-tokens", "4", "--group-sizes", "64", "128", "--out", str(out))
     assert result.returncode == 0, result.stderr
     assert "linear weight bytes" in result.stdout and "no CUDA device" in result.stdout
     rows = json.loads(out.read_text())["rows"]

@@ -56,9 +56,12 @@ def test_cli_quantizes_tiny_and_the_folder_loads_with_its_tokenizer(tmp_path, ca
     main(["quantize", "--model", "tiny", "--quantization", "int4", "--group-size", "64", "--output",
           str(tmp_path / "tiny-int4")])
     assert "wrote" in capsys.readouterr().out
-    loaded = LLM(str(tmp_path / "tiny-int4"))
+    # Saved in the checkpoint's own dtype (bf16), not the CPU's float32.
+    config = json.loads((tmp_path / "tiny-int4" / "config.json").read_text())
+    assert config["dtype"] == config["torch_dtype"] == "bfloat16"
+    loaded = LLM(str(tmp_path / "tiny-int4"), dtype="bfloat16")
     assert loaded.get_tokenizer() is not None
-    assert_same_model(LLM("tiny", quantization="int4", quant_group_size=64), loaded)
+    assert_same_model(LLM("tiny", dtype="bfloat16", quantization="int4", quant_group_size=64), loaded)
     # Asking for the scheme it already has is fine; asking for another is an error naming both.
     LLM(str(tmp_path / "tiny-int4"), quantization="int4", quant_group_size=64)
     with pytest.raises(ValueError, match=r"quantization='int8'.*already quantized as 'int4' with group size 64"):
@@ -79,4 +82,8 @@ def test_unquantized_models_other_formats_and_used_folders_are_refused(hf_checkp
     config["quantization_config"] = {"quant_method": "gptq", "bits": 4}
     (gptq / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match="unsupported quantization_config 'gptq'"):
+        LLM(str(gptq), skip_tokenizer_init=True)
+    config["quantization_config"] = {"quant_method": "minillm", "quantization": "int4"}  # no group size
+    (gptq / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="group_size=None"):
         LLM(str(gptq), skip_tokenizer_init=True)

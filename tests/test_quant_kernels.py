@@ -22,8 +22,8 @@ DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if DEVICE == "cuda" 
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}  # relative, against fp32
 ROWS = (1, 3, GEMV_MAX_ROWS, GEMV_MAX_ROWS + 1)
 # (in_features K, out_features N): no N is a multiple of the 64 (gemv) or 128 (gemm) channel blocks,
-# and 200 spans several blocks of both.
-SHAPES = ((64, 48), (128, 96), (256, 40), (256, 200))
+# and 200 spans several blocks of both; K = 96 is not a multiple of the gemm's 64-input tiles.
+SHAPES = ((64, 48), (96, 40), (128, 96), (256, 40), (256, 200))
 GROUP_SIZES = (32, 64, 128)
 KERNELS = {"int8": (int8_matmul, int8_matmul_ref), "int4": (int4_matmul, int4_matmul_ref)}
 
@@ -132,31 +132,50 @@ def test_gemm_with_several_row_blocks():
     assert relative_error(int8_matmul(x, *weight_args), int8_matmul_ref(x, *weight_args)) < TOLERANCE[torch.float32]
 
 
-def test_quant_linear_runs_the_kernel_it_is_given():
+@pytest.fixture
+def kernel_calls(monkeypatch) -> list:
+    """Every call that reaches the Triton launcher (int8_matmul and int4_matmul both go through it)."""
+    from minillm.kernels import quant_matmul
+
+    calls, launch = [], quant_matmul._quant_matmul
+
+    def counted(*args, **kwargs):
+        calls.append(args[0].shape)
+        return launch(*args, **kwargs)
+
+    monkeypatch.setattr(quant_matmul, "_quant_matmul", counted)
+    return calls
+
+
+def test_quant_linear_runs_the_kernel_it_is_given(kernel_calls):
     torch.manual_seed(0)
     model = nn.Module()
-    model.layers = nn.ModuleList([nn.Linear(128, 96), nn.Linear(96, 64, bias=False)])
-    x = torch.randn(3, 128)
+    model.layers = nn.ModuleList([nn.Linear(128, 96), nn.Linear(96, 64, bias=False)]).to(DEVICE)
+    x = torch.randn(3, 128, device=DEVICE)
     with torch.no_grad():
         expected = model.layers[1](model.layers[0](x))
         for method, limit in (("int8", 0.02), ("int4", 0.2)):
             layers = [QuantLinear(layer, method, 32) for layer in model.layers]
             torch_out = layers[1](layers[0](x))
+            assert not kernel_calls
             for layer in layers:
                 layer.kernel = "triton"
             triton_out = layers[1](layers[0](x))
+            assert len(kernel_calls) == 2
+            kernel_calls.clear()
             assert relative_error(triton_out, torch_out) < 1e-5
             assert relative_error(torch_out, expected) < limit, method
 
 
-def test_quantize_model_sets_the_kernel_and_names_a_bad_one():
+def test_quantize_model_sets_the_kernel_and_names_a_bad_one(kernel_calls):
     model = nn.Module()
-    model.layers = nn.ModuleList([nn.Linear(64, 48)])
+    model.layers = nn.ModuleList([nn.Linear(64, 48)]).to(DEVICE)
     quantize_model(model, "int4", 32, kernel="triton")
     assert isinstance(model.layers[0], QuantLinear) and model.layers[0].kernel == "triton"
-    x = torch.randn(2, 64)
+    x = torch.randn(2, 64, device=DEVICE)
     assert relative_error(model.layers[0](x), int4_matmul_ref(
         x, model.layers[0].qweight, model.layers[0].scales, model.layers[0].zeros, 32, model.layers[0].bias)) < 1e-5
+    assert len(kernel_calls) == 1
     with pytest.raises(ValueError, match=r"kernel must be one of \('torch', 'triton'\), got 'cuda'"):
         quantize_model(nn.Module(), "int8", kernel="cuda")
 
@@ -173,7 +192,8 @@ def bad_calls():
         (lambda: int8_matmul(x[:, :32], q8, s8), ValueError, r"input features, got shape \(2, 32\)"),
         (lambda: int8_matmul(x.half(), q8, s8), TypeError, r"scales must be in x's dtype torch\.float16"),
         (lambda: int8_matmul(x.long(), q8, s8), TypeError, r"x must be one of"),
-        (lambda: int8_matmul(x, q8, s8, torch.zeros(n + 1)), ValueError, r"bias must be \[48\]"),
+        (lambda: int8_matmul(x, q8, s8, torch.zeros(n + 1)), ValueError, r"bias must be a contiguous \[48\]"),
+        (lambda: int8_matmul(x, q8, s8, torch.zeros(n, 2)[:, 0]), ValueError, r"with stride \(2,\)"),
         (lambda: int8_matmul(x, q8, s8, path="gemm2"), ValueError, r"path must be one of"),
         (lambda: int8_matmul(x, q8, s8, split_k=0), ValueError, r"split_k must be at least 1"),
         (lambda: int4_matmul(x, packed.view(torch.int8), s4, z4, 32), ValueError, r"uint8 \[out, in // 2\]"),
@@ -200,7 +220,7 @@ def test_wrong_layouts_and_arguments_are_named(call, error, message):
 
 
 @pytest.mark.parametrize("method", ["int8", "int4"])
-def test_engine_on_the_triton_kernels_generates_what_the_references_do(hf_checkpoint, method):
+def test_engine_on_the_triton_kernels_generates_what_the_references_do(hf_checkpoint, method, kernel_calls):
     # Every quantized matmul of a model (and its attention) on Triton, against the PyTorch path.
     from minillm import LLM, SamplingParams
 
@@ -213,4 +233,5 @@ def test_engine_on_the_triton_kernels_generates_what_the_references_do(hf_checkp
                   attention_backend=backend, device=DEVICE)
         assert {m.kernel for m in llm.llm_engine.model.modules() if isinstance(m, QuantLinear)} == {backend}
         outputs[backend] = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+        assert bool(kernel_calls) == (backend == "triton")
     assert outputs["triton"] == outputs["torch"]

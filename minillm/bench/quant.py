@@ -3,7 +3,8 @@ process.
 
 - weights: none, int8, int4 at each group size: bytes of the decoder's linear layers (scales and
   zero points included) against fp16, held-out perplexity and its change, greedy agreement with
-  the unquantized model, and greedy tokens/s on the engine's own matmuls;
+  the unquantized model, and greedy tokens/s on the engine's own matmuls (all prompts batched: with
+  more than 16 of them a GPU runs the gemm path, with 16 or fewer the decode-shaped gemv);
 - KV cache: the model's dtype against int8: bytes per token and greedy agreement;
 - on a CUDA GPU, the matmul kernels alone against fp16 F.linear at batch 1 to 16
   (bench/quant_matmul.py).

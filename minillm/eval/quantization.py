@@ -40,8 +40,10 @@ def compare_quantization(model: str, token_ids: list[int], methods: list[tuple[s
     prompts = sample_prompts(token_ids, num_prompts, prompt_len, seed)
     rows, baseline = [], None
     for method, group_size in [(None, 128), *methods]:
-        llm = LLM(model, quantization=method, quant_group_size=group_size, **engine_args)
+        llm = LLM(model, quantization=method, quant_group_size=group_size,
+                  **_sized(engine_args, window, num_prompts, prompt_len + num_tokens))
         result = perplexity(llm, token_ids, window=window)
+        greedy_tokens(llm, prompts[:1], 2)  # not timed: the first call compiles the GPU kernels
         start = time.perf_counter()
         tokens = greedy_tokens(llm, prompts, num_tokens)
         seconds = time.perf_counter() - start
@@ -66,7 +68,7 @@ def compare_kv_cache_dtype(model: str, token_ids: list[int], kv_cache_dtypes: tu
     prompts = sample_prompts(token_ids, num_prompts, prompt_len, seed)
     rows, baseline = [], None
     for kv_cache_dtype in ("auto", *kv_cache_dtypes):
-        llm = LLM(model, kv_cache_dtype=kv_cache_dtype, **engine_args)
+        llm = LLM(model, kv_cache_dtype=kv_cache_dtype, **_sized(engine_args, 0, num_prompts, prompt_len + num_tokens))
         engine = llm.llm_engine
         tokens = greedy_tokens(llm, prompts, num_tokens)
         baseline = baseline or tokens
@@ -77,3 +79,13 @@ def compare_kv_cache_dtype(model: str, token_ids: list[int], kv_cache_dtypes: tu
                      "bytes_vs_model_dtype": held / kv_bytes_per_token(engine.model_config, engine.dtype),
                      "greedy_agreement": greedy_agreement(tokens, baseline), "tokens": sum(map(len, tokens))})
     return rows
+
+
+def _sized(engine_args: dict, window: int, num_prompts: int, tokens_per_prompt: int) -> dict:
+    """Engine arguments with a KV pool sized for the work: each engine of a comparison would
+    otherwise take 90% of the GPU memory still free, and the next ones would find none (a freed pool
+    stays in PyTorch's cache, which the free-memory count does not see)."""
+    max_model_len = engine_args.get("max_model_len") or max(window, tokens_per_prompt)
+    block_size = engine_args.get("block_size", 16)
+    blocks = -(-max_model_len // block_size) + num_prompts * -(-tokens_per_prompt // block_size)
+    return {"max_model_len": max_model_len, "num_kv_blocks": blocks, "max_num_seqs": num_prompts, **engine_args}

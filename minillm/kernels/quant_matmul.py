@@ -103,15 +103,15 @@ def _gemv_kernel(x_ptr, w_ptr, scales_ptr, zeros_ptr, bias_ptr, out_ptr, M, N, K
             acc += tl.sum(w * x.to(tl.float32), axis=1)[None, :]
         else:
             acc = tl.dot(x, tl.trans(w.to(x.dtype)), acc, input_precision=PRECISION)
-    _store_rows(acc, scales_ptr, bias_ptr, out_ptr + split * stride_out_split, offs_m, offs_n, mask_m, mask_n,
-                stride_om, INT4, HAS_BIAS)
+    _store_rows(acc, scales_ptr, bias_ptr, out_ptr + split.to(tl.int64) * stride_out_split, offs_m, offs_n, mask_m,
+                mask_n, stride_om, INT4, HAS_BIAS)
 
 
 @triton.jit
 def _split_k_reduce_kernel(partial_ptr, bias_ptr, out_ptr, N, num_splits, stride_split, stride_pm, stride_om,
                            HAS_BIAS: tl.constexpr, SPLITS_PAD: tl.constexpr, BLOCK_N: tl.constexpr):
-    row = tl.program_id(0)
-    offs_s = tl.arange(0, SPLITS_PAD)
+    row = tl.program_id(0).to(tl.int64)
+    offs_s = tl.arange(0, SPLITS_PAD).to(tl.int64)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = offs_n < N
     parts = tl.load(partial_ptr + offs_s[:, None] * stride_split + row * stride_pm + offs_n[None, :],
@@ -140,7 +140,8 @@ def _gemm_kernel(x_ptr, w_ptr, scales_ptr, zeros_ptr, bias_ptr, out_ptr, M, N, K
         x = tl.load(x_rows + offs_k[None, :], mask=mask_m[:, None] & (offs_k < K)[None, :], other=0.0)
         w = _weight_tile(w_ptr, scales_ptr, zeros_ptr, offs_n, mask_n, k0, K, stride_wn, stride_sn,
                          BLOCK_K, GROUP_SIZE, INT4)
-        # The dequantized tile is rounded to x's dtype, as the reference's dequantized weight is.
+        # tl.dot takes x's dtype. int4: the dequantized tile is rounded to it, as the reference's
+        # dequantized weight is; int8: the raw levels are, exactly (the row scale comes after).
         acc = tl.dot(x, tl.trans(w.to(x.dtype)), acc, input_precision=PRECISION)
     _store_rows(acc, scales_ptr, bias_ptr, out_ptr, offs_m, offs_n, mask_m, mask_n, stride_om, INT4, HAS_BIAS)
 
@@ -176,8 +177,9 @@ def _check_common(x: torch.Tensor, weight: torch.Tensor, in_features: int, scale
     if scales.dtype != x.dtype:
         raise TypeError(f"scales must be in x's dtype {x.dtype} (the model dtype), got {scales.dtype}")
     out_features = weight.shape[0]
-    if bias is not None and (bias.shape != (out_features,) or bias.dtype != x.dtype):
-        raise ValueError(f"bias must be [{out_features}] in {x.dtype}, got {tuple(bias.shape)} in {bias.dtype}")
+    if bias is not None and (bias.shape != (out_features,) or bias.dtype != x.dtype or bias.stride(0) != 1):
+        raise ValueError(f"bias must be a contiguous [{out_features}] in {x.dtype}, got {tuple(bias.shape)} in "
+                         f"{bias.dtype} with stride {bias.stride()}")
     tensors = [x, weight, scales] + ([] if bias is None else [bias])
     if len({t.device for t in tensors}) > 1:
         raise ValueError(f"all inputs must be on one device, got {[str(t.device) for t in tensors]}")

@@ -18,20 +18,23 @@ import torch
 from safetensors.torch import save_file
 
 from minillm.layers.linear import shard_range
+from minillm.loader import PICKLE_SUFFIXES
 from minillm.quant.linear import QuantLinear
 
 if TYPE_CHECKING:
     from minillm.engine import LLMEngine
     from minillm.llm import LLM
 
-# Replaced by what is written here; every other file of the source folder (tokenizer,
-# generation_config.json, README) is copied as it is.
-_WEIGHT_FILES = ("*.safetensors", "model.safetensors.index.json", "config.json")
+# Replaced by what is written here (or, for pickle weights, never copied); every other file of the
+# source folder (tokenizer, generation_config.json, README) is copied as it is.
+_NOT_COPIED = ("*.safetensors", "model.safetensors.index.json", "config.json",
+               *(f"*{suffix}" for suffix in PICKLE_SUFFIXES))
 
 
 def save_quantized(llm: LLM | LLMEngine, output_dir: str | Path) -> Path:
     """Write `llm`'s model, quantized with LLM(..., quantization=...), to output_dir (created; must
-    not hold a model already)."""
+    not hold a model already), in the dtype it runs in (`minillm quantize` loads it in the
+    checkpoint's own dtype, so that a CPU does not turn a bf16 model into an fp32 file)."""
     engine = getattr(llm, "llm_engine", llm)
     model = engine.model
     quantized = [m for m in model.modules() if isinstance(m, QuantLinear)]
@@ -43,13 +46,16 @@ def save_quantized(llm: LLM | LLMEngine, output_dir: str | Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     source = engine.model_path
     for file in source.iterdir():
-        if file.is_file() and not any(file.match(pattern) for pattern in _WEIGHT_FILES):
+        if file.is_file() and not any(file.match(pattern) for pattern in _NOT_COPIED):
             shutil.copy2(file, out / file.name)
     config = json.loads((source / "config.json").read_text())
     layer = quantized[0]
     config["quantization_config"] = {"quant_method": "minillm", "quantization": layer.method,
                                      "group_size": layer.group_size if layer.method == "int4" else None}
-    config["dtype"] = str(engine.dtype).removeprefix("torch.")  # the scales' and unquantized tensors' dtype
+    # The dtype of the scales and of the unquantized tensors, under both names transformers has used.
+    config["dtype"] = str(engine.dtype).removeprefix("torch.")
+    if "torch_dtype" in config:
+        config["torch_dtype"] = config["dtype"]
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     save_file(checkpoint_tensors(model), str(out / "model.safetensors"), metadata={"format": "pt"})
     return out

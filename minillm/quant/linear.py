@@ -15,8 +15,8 @@ import torch
 from torch import nn
 
 from minillm.quant import INT4_GROUP_SIZES, QUANTIZATION_METHODS
-from minillm.quant.int4 import dequantize_int4, quantize_int4
-from minillm.quant.int8 import dequantize_int8, quantize_int8
+from minillm.quant.int4 import quantize_int4
+from minillm.quant.int8 import quantize_int8
 from minillm.quant.reference import int4_matmul_ref, int8_matmul_ref
 
 KERNELS = ("torch", "triton")
@@ -53,11 +53,6 @@ class QuantLinear(nn.Module):
         self.register_buffer("qweight", qweight)
         self.register_buffer("scales", scales)
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().clone())
-
-    def dequantized_weight(self) -> torch.Tensor:
-        if self.method == "int8":
-            return dequantize_int8(self.qweight, self.scales)
-        return dequantize_int4(self.qweight, self.scales, self.zeros, self.group_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         ops = load_matmul_ops(self.kernel)
