@@ -22,9 +22,9 @@ class LLM:
         kv_cache ("paged", "contiguous" or "none"), block_size, num_kv_blocks, gpu_memory_utilization,
         enable_prefix_caching, attention_backend ("auto", "torch" or "triton"), kv_cache_dtype ("auto": the
         model's dtype, or "int8": K and V quantized with a scale per token and head, paged cache only, about
-        half the bytes of fp16); weight-only quantization of
-        the decoder's linear layers: quantization (None, "int8" or "int4") and quant_group_size (int4:
-        32, 64 or 128)."""
+        half the bytes of fp16); weight-only quantization of the decoder's linear layers: quantization
+        (None, "int8" or "int4") and quant_group_size (int4: 32, 64 or 128). A folder written by
+        `minillm quantize` (quant/checkpoint.py) loads already quantized."""
         self.llm_engine = LLMEngine(model, **engine_args)
         self._request_ids = itertools.count()
 

@@ -1,10 +1,12 @@
-"""CacheGrowth in a real browser: JupyterLab serves a copy of notebooks/01_kv_cache.ipynb, headless
-Chromium runs all its cells, and the widget must show its controls and its plotly chart, answer its
-unit toggle and its step slider, and leave no error in the notebook, the page or its console.
+"""The course's live views in a real browser: JupyterLab serves a copy of the notebooks, headless
+Chromium runs all the cells of a chapter, and its widget must show its controls and its plotly
+chart, answer them, and leave no error in the notebook, the page or its console. CacheGrowth
+(01_kv_cache) answers its unit toggle and its step slider; QuantError (06_quantization) its layer
+dropdown and its method toggle.
 
-Needs Debian's Chromium (/usr/bin/chromium) and playwright; without them the test skips, unless
+Needs Debian's Chromium (/usr/bin/chromium) and playwright; without them the tests skip, unless
 MINILLM_REQUIRE_BROWSER=1 (.ci/run sets it) makes that a failure. Screenshots are written to
-artifacts/browser/, which CI keeps.
+artifacts/browser/<notebook>/, which CI keeps.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -28,10 +31,11 @@ import pytest
 from notebook_runs import NOTEBOOK_ENV, ROOT
 
 from minillm.loader import resolve_model_path
+from minillm.quant import INT4_GROUP_SIZES
 
 try:
     from playwright.sync_api import expect, sync_playwright
-except ImportError:  # a learner's laptop without the dev extras: the test skips (see require_browser)
+except ImportError:  # a learner's laptop without the dev extras: the tests skip (see require_browser)
     expect = sync_playwright = None
 
 if TYPE_CHECKING:
@@ -43,9 +47,10 @@ CHROMIUM = Path("/usr/bin/chromium")
 # only fail.
 CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-background-networking",
                   "--disable-component-update"]
-NOTEBOOK = "notebooks/01_kv_cache.ipynb"
-WIDGET_CELL = "view = CacheGrowth(cached)"  # source line that identifies the cell displaying the widget
-ARTIFACTS = ROOT / "artifacts" / "browser"
+ARTIFACTS = ROOT / "artifacts" / "browser"  # a folder per notebook, each test clearing only its own
+# QuantError's two rows of toggle buttons, told apart by their descriptions.
+METHODS = '.widget-toggle-buttons:has(.widget-label:text-is("method"))'
+GROUP_SIZES = '.widget-toggle-buttons:has(.widget-label:text-is("group size"))'
 KERNEL_IDLE = "Python 3 (ipykernel) | Idle"  # JupyterLab's status bar once the kernel can take work
 
 # Every request that leaves 127.0.0.1 is aborted, so that a hidden CDN dependency fails here instead
@@ -66,21 +71,43 @@ RUN_FINISHED = """idle => {
         && status !== null && status.textContent.includes(idle);
 }"""
 
+# Each test starts JupyterLab and Chromium and runs a whole chapter: about 25 s on an idle 2-core
+# machine; the limit leaves room for one shared with other work.
+pytestmark = [pytest.mark.slow, pytest.mark.browser, pytest.mark.timeout(420)]
 
-@pytest.mark.slow
-@pytest.mark.browser
-@pytest.mark.timeout(420)
+
 def test_cache_growth_renders_and_responds_in_jupyterlab(tmp_path: Path) -> None:
+    with notebook_run_in_lab(tmp_path, "notebooks/01_kv_cache.ipynb") as (page, shots):
+        widget = widget_output(page, "view = CacheGrowth(cached)", shots, "cache_growth",
+                               controls=(".widget-toggle-buttons", ".widget-slider"))
+        check_cache_growth_shows_whole_run(widget)
+        check_cache_growth_responds(widget, shots)
+
+
+def test_quant_error_renders_and_responds_in_jupyterlab(tmp_path: Path) -> None:
+    with notebook_run_in_lab(tmp_path, "notebooks/06_quantization.ipynb") as (page, shots):
+        widget = widget_output(page, "QuantError(llm, ", shots, "quant_error",
+                               controls=(".widget-dropdown select", METHODS, GROUP_SIZES))
+        check_quant_error_responds(widget, shots)
+
+
+@contextlib.contextmanager
+def notebook_run_in_lab(tmp_path: Path, notebook: str) -> Iterator[tuple[Page, Path]]:
+    """Opens `notebook` in JupyterLab in Chromium, runs all its cells and checks they ran cleanly;
+    yields the page and the notebook's screenshot folder (emptied first). Whatever fails, in the
+    notebook or in the caller's checks, leaves failure.png there and the page's and the server's logs
+    in the test's output; in the end no page error, console error or outside request may remain."""
     require_browser()
     model = NOTEBOOK_ENV["MINILLM_MODEL"]
     if not (resolve_model_path(model) / "model.safetensors").is_file():
         pytest.fail(f"the notebook's model {model!r} is missing (minillm/assets/{model}/model.safetensors)")
-    shutil.rmtree(ARTIFACTS, ignore_errors=True)  # screenshots of an earlier run must not pass for this one's
-    ARTIFACTS.mkdir(parents=True)
+    shots = ARTIFACTS / Path(notebook).stem
+    shutil.rmtree(shots, ignore_errors=True)  # screenshots of an earlier run must not pass for this one's
+    shots.mkdir(parents=True)
 
     with jupyter_lab(tmp_path) as (url, server_log), chromium_page() as (page, log):
         try:
-            page.goto(f"{url}/lab/tree/{NOTEBOOK}")
+            page.goto(f"{url}/lab/tree/{notebook}")
             # Starting the kernel (torch import included) takes many seconds; keys pressed and
             # commands run before it is idle are silently lost.
             page.locator(".jp-StatusBar-Widget").get_by_text(KERNEL_IDLE).wait_for(timeout=180_000)
@@ -88,12 +115,9 @@ def test_cache_growth_renders_and_responds_in_jupyterlab(tmp_path: Path) -> None
             page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
             page.wait_for_function(RUN_FINISHED, arg=KERNEL_IDLE, timeout=300_000, polling=1000)
             check_notebook_ran(page)
-
-            widget = widget_output(page)
-            check_widget_shows_whole_run(widget)
-            check_widget_responds(widget)
+            yield page, shots
         except BaseException:
-            page.screenshot(path=ARTIFACTS / "failure.png")
+            page.screenshot(path=shots / "failure.png")
             print(f"console errors: {log.console_errors}\npage errors: {log.page_errors}\nblocked: {log.blocked}")
             print(f"JupyterLab's log:\n{server_log.read_text()[-6000:]}")
             raise
@@ -120,43 +144,70 @@ def check_notebook_ran(page: Page) -> None:
     assert failed.count() == 0, "widgets failed to display:\n" + "\n".join(failed.all_inner_texts())
 
 
-def widget_output(page: Page) -> Locator:
-    """The CacheGrowth widget in its cell's output, once its controls and its chart have rendered."""
-    cell = page.locator(".jp-CodeCell").filter(has=page.locator(".jp-InputArea-editor", has_text=WIDGET_CELL))
+def widget_output(page: Page, cell_source: str, shots: Path, name: str, controls: tuple[str, ...]) -> Locator:
+    """The widget in the output of the one cell whose source contains `cell_source`, once its
+    `controls` (selectors) and its plotly chart have rendered; the page around it and the widget
+    are saved as page.png and <name>.png."""
+    cell = page.locator(".jp-CodeCell").filter(has=page.locator(".jp-InputArea-editor", has_text=cell_source))
     expect(cell).to_have_count(1)
     widget = cell.locator(".jp-OutputArea-output .widget-vbox").first
-    expect(widget.locator(".widget-toggle-buttons")).to_be_visible()
-    expect(widget.locator(".widget-slider")).to_be_visible()
+    for control in controls:
+        expect(widget.locator(control)).to_be_visible()
     expect(widget.locator(".js-plotly-plot .main-svg").first).to_be_visible()
-    expect(widget.locator("text.ytitle")).to_have_text("KV cache (bytes)")
 
     widget.scroll_into_view_if_needed()
-    page.screenshot(path=ARTIFACTS / "01_kv_cache-page.png")
-    widget.screenshot(path=ARTIFACTS / "cache_growth.png")
+    page.screenshot(path=shots / "page.png")
+    widget.screenshot(path=shots / f"{name}.png")
     return widget
 
 
-def check_widget_shows_whole_run(widget: Locator) -> None:
+def check_cache_growth_shows_whole_run(widget: Locator) -> None:
     """Once `generate` has returned, the slider is at the run's last step and the chart shows it."""
+    expect(widget.locator("text.ytitle")).to_have_text("KV cache (bytes)")
     slider = widget.locator(".widget-slider")
     last = slider_bound(slider, "max")
     expect(slider.locator(".widget-readout"), "the step slider should end at the run's last step").to_have_text(last)
     expect(widget.locator("text.gtitle")).to_contain_text(f"after step {last}:")
 
 
-def check_widget_responds(widget: Locator) -> None:
+def check_cache_growth_responds(widget: Locator, shots: Path) -> None:
     """The toggle switches the chart to tokens; the slider takes it back to the run's first step.
     Both go through the kernel: the browser sends the control's value, the view redraws the figure."""
     widget.locator(".widget-toggle-button", has_text="tokens").click()
     expect(widget.locator("text.ytitle")).to_have_text("KV cache (tokens)")
     expect(widget.locator("text.gtitle")).to_contain_text(" tokens in use")
-    widget.screenshot(path=ARTIFACTS / "cache_growth-tokens.png")
+    widget.screenshot(path=shots / "cache_growth-tokens.png")
 
     slider = widget.locator(".widget-slider")
     first = slider_bound(slider, "min")
     slider.locator(".noUi-handle").press("Home")  # noUiSlider's keyboard support: to the minimum
     expect(slider.locator(".widget-readout")).to_have_text(first)
     expect(widget.locator("text.gtitle")).to_contain_text(f"after step {first}:")
+
+
+def check_quant_error_responds(widget: Locator, shots: Path) -> None:
+    """The notebook's choice (int4, its group size, layer 0's down_proj) is drawn; picking another
+    layer in the dropdown redraws the chart for it, and the int8 toggle redraws it as int8 and
+    disables the group sizes, which int8 does not use. Each goes through the kernel."""
+    layers = widget.locator(".widget-dropdown select")
+    title = widget.locator("text.gtitle")  # e.g. "model.layers.0.mlp.down_proj · int4, groups of 128 inputs · ..."
+    group_sizes = widget.locator(GROUP_SIZES)
+    first, other = "model.layers.0.mlp.down_proj", "model.layers.1.self_attn.qkv_proj"
+    # An option's value is its label, the layer's name and shape: "model.layers.0.mlp.down_proj (256×768)".
+    expect(layers).to_have_value(re.compile(rf"^{re.escape(first)} \("))
+    expect(title).to_contain_text(f"{first} · int4, groups of ")
+    expect(widget.get_by_text("Cannot draw this")).to_have_count(0)
+    expect(group_sizes.locator("button:enabled")).to_have_count(len(INT4_GROUP_SIZES))
+
+    layers.select_option(layers.locator(f'option[value^="{other} ("]').get_attribute("value"))
+    expect(title).to_contain_text(f"{other} · int4, groups of ")
+    widget.screenshot(path=shots / "quant_error-layer.png")
+
+    widget.locator(METHODS).locator(".widget-toggle-button", has_text="int8").click()
+    expect(title).to_contain_text(f"{other} · int8, one scale per output channel")
+    expect(group_sizes.locator("button:disabled")).to_have_count(len(INT4_GROUP_SIZES))
+    expect(widget.get_by_text("Cannot draw this")).to_have_count(0)
+    widget.screenshot(path=shots / "quant_error-int8.png")
 
 
 def slider_bound(slider: Locator, bound: str) -> str:
@@ -284,7 +335,9 @@ def chromium_page() -> Iterator[tuple[Page, PageLog]]:
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_FLAGS)
         try:
-            context = browser.new_context(viewport={"width": 1280, "height": 960})
+            # Tall enough for the tallest view (QuantError: its controls and a 980 px chart) to fit
+            # in the notebook's panel: a widget screenshot shows only what is in the viewport.
+            context = browser.new_context(viewport={"width": 1280, "height": 1440})
             context.set_default_timeout(60_000)
             context.route("**/*", log.route)
             page = context.new_page()

@@ -65,7 +65,7 @@ def test_int4_outlier_group_has_the_largest_error_and_its_levels_are_drawn() -> 
     assert stats.level_counts.sum() == 32 and np.count_nonzero(stats.level_counts) == taken.size
     assert histogram_total(fig) == weight.numel()
     assert trace(fig, "outlier channels").x[0] == OUTLIER[1]
-    assert "hand · int4, groups of 32 inputs · weight 64 × 256" in fig.layout.title.text
+    assert "hand · int4, groups of 32 inputs<br><sup>weight 64 × 256 · " in fig.layout.title.text
     assert f"row {row}, inputs 64–95" in fig.layout.annotations[0].text
 
 
@@ -154,10 +154,10 @@ def test_view_switches_layer_method_and_group_size(tiny_llm: LLM) -> None:
     assert [value for _, value in view.layer.options] == names and view.layer.value == names[0]
     assert isinstance(view, ipywidgets.VBox) and view.plot in view.children
     first = shown(view)
-    assert first.layout.title.text.startswith(f"{names[0]} · int4, groups of 128 inputs · weight 512 × 256")
+    assert first.layout.title.text.startswith(f"{names[0]} · int4, groups of 128 inputs<br><sup>weight 512 × 256")
     view.layer.value = "model.layers.3.mlp.down_proj"
     after = shown(view)
-    assert after.layout.title.text.startswith("model.layers.3.mlp.down_proj · int4, groups of 128 inputs · "
+    assert after.layout.title.text.startswith("model.layers.3.mlp.down_proj · int4, groups of 128 inputs<br><sup>"
                                               "weight 256 × 768")
     assert np.array(trace(after, "error").z).shape == (256, 6)
     assert list(trace(after, "weights").y) != list(trace(first, "weights").y)  # redrawn, not just retitled

@@ -166,8 +166,9 @@ def quant_error_figure(weight: torch.Tensor | np.ndarray, method: str = "int4", 
     title = f"{name} · " if name else ""
     relative = f" ({stats.rms_error / weight_rms:.1%} of the weights' RMS)" if weight_rms > 0 else ""
     fig.update_layout(
-        title=dict(text=f"{title}{scheme} · weight {out_features} × {in_features}"
-                        f"<br><sup>RMS rounding error {_num(stats.rms_error)}{relative}</sup>"),
+        # The shape goes on the second line: long layer names fill the first at this width.
+        title=dict(text=f"{title}{scheme}<br><sup>weight {out_features} × {in_features} · RMS rounding error "
+                        f"{_num(stats.rms_error)}{relative}</sup>"),
         width=WIDTH, height=HEIGHT, template="plotly_white", bargap=0, showlegend=False,
         margin=dict(l=70, r=30, t=100, b=50))
     for annotation in fig.layout.annotations:  # the subplot titles: smaller, and left-aligned
