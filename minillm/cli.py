@@ -180,6 +180,12 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--device", default=None, help="cuda, mps or cpu (default: the best available)")
         p.add_argument("--dtype", default="auto")
 
+    def text_arg(p):
+        p.add_argument("--text", default=None, help="a text file (default for tiny: held-out stdlib modules)")
+
+    def group_size_arg(p):
+        p.add_argument("--group-size", type=int, default=128, help="int4 group size: 32, 64 or 128")
+
     gen = sub.add_parser("generate", help="complete a prompt")
     gen.add_argument("prompt")
     model_args(gen)
@@ -194,7 +200,7 @@ def build_parser() -> argparse.ArgumentParser:
     quant = sub.add_parser("quantize", help="save a model quantized (safetensors), for LLM(folder) to load")
     model_args(quant)
     quant.add_argument("--quantization", choices=QUANTIZATION_METHODS, required=True)
-    quant.add_argument("--group-size", type=int, default=128, help="int4 group size: 32, 64 or 128")
+    group_size_arg(quant)
     quant.add_argument("--output", type=Path, required=True, help="a new folder")
     quant.set_defaults(func=_quantize)
 
@@ -203,14 +209,20 @@ def build_parser() -> argparse.ArgumentParser:
     env.set_defaults(func=_env)
 
     bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="benchmark", required=True)
-    kv = bench.add_parser("kv-cache", help="decode tokens/s with and without the KV cache")
-    model_args(kv)
+
+    def bench_command(name, help, func, *, model=True):
+        """A benchmark's subcommand: the model arguments (unless it makes its own inputs), and --out."""
+        p = bench.add_parser(name, help=help)
+        if model:
+            model_args(p)
+        p.add_argument("--out", type=Path, default=Path(f"bench-results/{name}.json"))
+        p.set_defaults(func=func)
+        return p
+
+    kv = bench_command("kv-cache", "decode tokens/s with and without the KV cache", _bench_kv_cache)
     kv.add_argument("--lengths", type=int, nargs="+", default=[64, 128, 256, 512, 1024])
     kv.add_argument("--decode-tokens", type=int, default=32)
-    kv.add_argument("--out", type=Path, default=Path("bench-results/kv-cache.json"))
-    kv.set_defaults(func=_bench_kv_cache)
-    paged = bench.add_parser("paged", help="paged against contiguous KV memory, and prefix caching")
-    model_args(paged)
+    paged = bench_command("paged", "paged against contiguous KV memory, and prefix caching", _bench_paged)
     paged.add_argument("--num-requests", type=int, default=48)
     paged.add_argument("--max-tokens", type=int, default=1024, help="the cap each request sets")
     paged.add_argument("--block-size", type=int, default=16)
@@ -218,42 +230,33 @@ def build_parser() -> argparse.ArgumentParser:
     paged.add_argument("--prefix-requests", type=int, default=32)
     paged.add_argument("--prefix-len", type=int, default=256)
     paged.add_argument("--seed", type=int, default=0)
-    paged.add_argument("--out", type=Path, default=Path("bench-results/paged.json"))
-    paged.set_defaults(func=_bench_paged)
-    tput = bench.add_parser("throughput", help="continuous against static batching and transformers generate")
-    model_args(tput)
+    tput = bench_command("throughput", "continuous against static batching and transformers generate",
+                         _bench_throughput)
     tput.add_argument("--num-requests", type=int, default=64)
     tput.add_argument("--batch-size", type=int, default=16, help="requests served at once (max_num_seqs)")
     tput.add_argument("--max-prompt", type=int, default=512)
     tput.add_argument("--max-output", type=int, default=512)
     tput.add_argument("--seed", type=int, default=0)
-    tput.add_argument("--out", type=Path, default=Path("bench-results/throughput.json"))
-    tput.set_defaults(func=_bench_throughput)
-    attn = bench.add_parser("attention", help="Triton attention kernels against memory bandwidth and SDPA (CUDA)")
+    attn = bench_command("attention", "Triton attention kernels against memory bandwidth and SDPA (CUDA)",
+                         _bench_attention, model=False)
     attn.add_argument("--batch", type=int, default=8)
-    attn.add_argument("--out", type=Path, default=Path("bench-results/attention.json"))
-    attn.set_defaults(func=_bench_attention)
-
-    quant_bench = bench.add_parser("quant", help="weight bytes, perplexity and tokens/s of each quantization "
-                                   "scheme, the int8 KV cache, and (CUDA) the matmul kernels against fp16")
-    model_args(quant_bench)
-    quant_bench.add_argument("--text", default=None, help="a text file (default for tiny: held-out stdlib modules)")
+    quant_bench = bench_command("quant", "weight bytes, perplexity and tokens/s of each quantization scheme, the "
+                                "int8 KV cache, and (CUDA) the matmul kernels against fp16", _bench_quant)
+    text_arg(quant_bench)
     quant_bench.add_argument("--group-sizes", type=int, nargs="+", default=list(INT4_GROUP_SIZES))
     quant_bench.add_argument("--window", type=int, default=512)
     quant_bench.add_argument("--max-eval-tokens", type=int, default=None, help="cut the held-out text")
     quant_bench.add_argument("--num-prompts", type=int, default=32)
     quant_bench.add_argument("--num-tokens", type=int, default=32)
-    quant_bench.add_argument("--out", type=Path, default=Path("bench-results/quant.json"))
-    quant_bench.set_defaults(func=_bench_quant)
 
     ev = sub.add_parser("eval", help="model quality").add_subparsers(dest="evaluation", required=True)
     ppl = ev.add_parser("perplexity", help="perplexity on held-out text")
     model_args(ppl)
-    ppl.add_argument("--text", default=None, help="a text file (default for tiny: held-out stdlib modules)")
+    text_arg(ppl)
     ppl.add_argument("--window", type=int, default=512)
     ppl.add_argument("--quantization", choices=QUANTIZATION_METHODS, default=None,
                      help="also evaluate the model quantized, against itself unquantized")
-    ppl.add_argument("--group-size", type=int, default=128, help="int4 group size: 32, 64 or 128")
+    group_size_arg(ppl)
     ppl.set_defaults(func=_eval_perplexity)
     acc = ev.add_parser("acceptance", help="greedy acceptance rate of a draft model")
     model_args(acc)

@@ -41,16 +41,15 @@ class PagedAttention:
         self.kernel = kernel  # "torch" or "triton"
         self.ops = load_ops(kernel)
         self.scale = head_dim ** -0.5
+        # An int8 pool: every op also takes the layer's scales, quantizes on store and dequantizes on
+        # load. (Not passed at all otherwise, so that a kernel with the plain signature still plugs in.)
+        self.scale_args = [{} for _ in kv_pool.kv_caches] if kv_pool.kv_scales is None else [
+            {"k_scales": k_scales, "v_scales": v_scales} for k_scales, v_scales in kv_pool.kv_scales]
 
     def forward(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 metadata: AttentionMetadata) -> torch.Tensor:
         k_cache, v_cache = self.kv_pool.kv_caches[layer_idx]
-        # An int8 pool: every op also takes the scales, quantizes on store and dequantizes on load.
-        # (Not passed at all otherwise, so that a kernel with the plain signature still plugs in.)
-        scales = {}
-        if self.kv_pool.kv_scales is not None:
-            k_scales, v_scales = self.kv_pool.kv_scales[layer_idx]
-            scales = {"k_scales": k_scales, "v_scales": v_scales}
+        scales = self.scale_args[layer_idx]
         self.ops.store_kvcache(k, v, k_cache, v_cache, metadata.slot_mapping, **scales)
         d = metadata.num_decodes
         if d == metadata.num_seqs:

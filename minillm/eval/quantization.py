@@ -51,10 +51,9 @@ def compare_quantization(model: str, token_ids: list[int], methods: list[tuple[s
         row = {"quantization": method or "none", "group_size": group_size if method == "int4" else None,
                "perplexity": result["perplexity"], "weight_bytes": held, "bytes_vs_fp16": held / fp16,
                "tokens": result["tokens"], "tokens_per_s": num_prompts * num_tokens / seconds}
-        if baseline is None:
-            baseline = {**row, "greedy": tokens}
-        row.update(perplexity_change=row["perplexity"] / baseline["perplexity"] - 1,
-                   greedy_agreement=greedy_agreement(tokens, baseline["greedy"]))
+        baseline = baseline or (row["perplexity"], tokens)  # the unquantized model's
+        row.update(perplexity_change=row["perplexity"] / baseline[0] - 1,
+                   greedy_agreement=greedy_agreement(tokens, baseline[1]))
         rows.append(row)
     return rows
 

@@ -55,19 +55,19 @@ def _mistakes(w: torch.Tensor, group_size: int) -> dict[str, tuple[torch.Tensor 
     rows, inputs = w.shape
     groups = w.view(rows, inputs // group_size, group_size)
     lo, hi = groups.amin(dim=2), groups.amax(dim=2)
-    scales = ((hi.clamp(min=0) - lo.clamp(max=0)) / 15).clamp(min=1e-8)
+    lo0, hi0 = lo.clamp(max=0), hi.clamp(min=0)  # the range widened to include 0, as it should be
+    scales = ((hi0 - lo0) / 15).clamp(min=1e-8)
     row_lo, row_hi = w.amin(dim=1, keepdim=True).clamp(max=0), w.amax(dim=1, keepdim=True).clamp(min=0)
     return {
         # Whatever the scale (absmax / 7, / 7.5, / 8), a symmetric scheme puts every zero point at 8.
         "symmetric levels around a fixed zero point (asymmetric: zero = round(-lo / scale), from the group's "
         "own minimum)": (None, torch.full_like(lo, 8.0)),
         "16 steps (scale = (hi - lo) / 16); 16 levels have 15 steps between them: scale = (hi - lo) / 15":
-            ((hi.clamp(min=0) - lo.clamp(max=0)) / 16, torch.round(-lo.clamp(max=0) * 16 / (hi.clamp(min=0)
-                                                                                          - lo.clamp(max=0)))),
+            ((hi0 - lo0) / 16, torch.round(-lo0 * 16 / (hi0 - lo0))),
         "a range that does not include 0: clamp lo to at most 0 and hi to at least 0, so that 0 is a level":
             ((hi - lo).clamp(min=1e-8) / 15, torch.round(-lo / ((hi - lo).clamp(min=1e-8) / 15))),
         "floor instead of round: zero = round(-lo / scale), to the nearest level (floor cuts every value down)":
-            (scales, torch.floor(-lo.clamp(max=0) / scales)),
+            (scales, torch.floor(-lo0 / scales)),
         "one scale per row: the range must be taken per group of group_size inputs":
             (((row_hi - row_lo) / 15).expand(rows, inputs // group_size), None),
     }
