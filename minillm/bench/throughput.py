@@ -7,13 +7,16 @@ every system does the same work):
 
 - minillm, continuous batching: one engine; the batch is re-formed every step, so a finished
   request's slot goes to the next one at once;
-- minillm, static batching: the same engine fed `batch_size` requests at a time, each group run to
-  completion before the next starts: a group lasts as long as its longest request. Finished
-  requests leave the batch, so a draining group gets cheaper where a step's cost grows with the
-  batch (a CPU);
-- minillm, static batching padded: the same groups, but every request computes until its group's
-  longest is done, as in a fixed-shape batch (what transformers does, and what "static batching"
-  means in the Orca paper); only each request's own tokens count;
+- minillm, static batching: the same engine fed `batch_size` requests at a time, each group a
+  fixed-shape batch run to completion before the next starts: every request of a group computes
+  until the group's longest is done (what "static batching" means in the Orca paper, what
+  FasterTransformer and transformers do); only each request's own tokens count. The same engine
+  and the same groups as the transformers row, so that continuous against static measures the
+  schedule alone, static against transformers the engine alone;
+- minillm, static batching, draining: the same groups, but a finished request leaves its group, so
+  the group gets cheaper as it drains where a step's cost grows with the batch (a CPU). Dropping
+  finished requests every step is half of iteration-level scheduling (the admitting half is
+  missing), so this row sits between the two schedules;
 - transformers `generate` on the same static groups, prompts left-padded to the longest, the way a
   plain Hugging Face script batches.
 
@@ -65,9 +68,9 @@ def greedy(max_tokens: int) -> SamplingParams:
 
 
 def run_minillm(llm: LLM, requests: list[Request], batch_size: int, schedule: str) -> tuple[dict, list]:
-    """schedule: "continuous" (everything submitted at once), "static" (groups run to completion; a
-    finished request leaves its group) or "static-padded" (every request of a group generates as
-    many tokens as the group's longest, as in a fixed-shape batch; only its own count is kept)."""
+    """schedule: "continuous" (everything submitted at once), "static" (fixed-shape groups: every
+    request of a group generates as many tokens as the group's longest; only its own tokens are kept)
+    or "static-draining" (groups run to completion; a finished request leaves its group)."""
     prompts = [{"prompt_token_ids": p} for p, _ in requests]
     groups = [range(len(requests))] if schedule == "continuous" else [
         range(i, min(i + batch_size, len(requests))) for i in range(0, len(requests), batch_size)]
@@ -75,7 +78,7 @@ def run_minillm(llm: LLM, requests: list[Request], batch_size: int, schedule: st
     outputs = []
     for group in groups:
         longest = max(requests[i][1] for i in group)
-        params = [greedy(longest if schedule == "static-padded" else requests[i][1]) for i in group]
+        params = [greedy(longest if schedule == "static" else requests[i][1]) for i in group]
         outputs += llm.generate([prompts[i] for i in group], params, use_tqdm=False)
     seconds = time.time() - start
     tokens = [o.outputs[0].token_ids[:n] for o, (_, n) in zip(outputs, requests)]
@@ -132,20 +135,20 @@ def bench_throughput(model: str, num_requests: int, batch_size: int, max_prompt:
     run_minillm(llm, warmup, batch_size, "continuous")
     continuous, reference = run_minillm(llm, requests, batch_size, "continuous")
     static, static_tokens = run_minillm(llm, requests, batch_size, "static")
-    padded, padded_tokens = run_minillm(llm, requests, batch_size, "static-padded")
+    draining, draining_tokens = run_minillm(llm, requests, batch_size, "static-draining")
     path = resolve_model_path(model)
     run_transformers(path, warmup, batch_size, engine.dtype, engine.device)
     hf, hf_tokens = run_transformers(path, requests, batch_size, engine.dtype, engine.device)
     rows = []
     for name, result, tokens in (("minillm continuous", continuous, reference),
                                  ("minillm static", static, static_tokens),
-                                 ("minillm static, padded", padded, padded_tokens),
+                                 ("minillm static, draining", draining, draining_tokens),
                                  ("transformers generate", hf, hf_tokens)):
         same = sum(a == b for a, b in zip(tokens, reference))
         rows.append({"system": name, **result, "vs_transformers": result["tokens_per_s"] / hf["tokens_per_s"],
                      "same_tokens": f"{same}/{len(requests)}"})
     summary = {"continuous_over_static": continuous["tokens_per_s"] / static["tokens_per_s"],
-               "continuous_over_static_padded": continuous["tokens_per_s"] / padded["tokens_per_s"],
+               "continuous_over_static_draining": continuous["tokens_per_s"] / draining["tokens_per_s"],
                "continuous_over_transformers": continuous["tokens_per_s"] / hf["tokens_per_s"],
                "output_tokens": continuous["output_tokens"],
                "prompt_tokens": sum(len(p) for p, _ in requests), "device": str(engine.device),
