@@ -37,7 +37,6 @@ class KVPool:
                  device: torch.device, kv_cache_dtype: str = "auto") -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self.kv_cache_dtype = kv_cache_dtype
         self.bytes_per_token = kv_bytes_per_token(config, dtype, kv_cache_dtype)
         quantized = kv_cache_dtype == "int8"
         shape = (2, num_blocks, block_size, config.num_key_value_heads, config.head_dim)

@@ -109,8 +109,8 @@ def check_admit(admit: Callable) -> None:
     """The learner's admission step against the reference on random workloads, step by step."""
     for seed in SEEDS:
         _simulate(admit, seed)
-    print("check_admit passed: 6 random workloads (arrivals over time, chunked prompts, preemption), every step "
-          "the same batch and queues as the reference")
+    print(f"check_admit passed: {len(SEEDS)} random workloads (arrivals over time, chunked prompts, preemption), "
+          "every step the same batch and queues as the reference")
 
 
 def check_engine(admit: Callable, llm: LLM) -> None:
