@@ -109,6 +109,20 @@ def _bench_attention(args) -> None:
     print(f"wrote {args.out}")
 
 
+def _bench_decode(args) -> None:
+    from minillm.bench.decode import DECODE_COLUMNS, PREFILL_COLUMNS, bench_decode
+    from minillm.bench.report import format_table, write_json
+
+    decode, prefill, summary = bench_decode(args.model, tuple(args.batches), args.context, args.steps,
+                                            tuple(args.prefill_lens), device=args.device, dtype=args.dtype)
+    print(format_table(decode, DECODE_COLUMNS))
+    if prefill:
+        print(format_table(prefill, PREFILL_COLUMNS))
+    print(json.dumps(summary))
+    write_json(args.out, "decode", _bench_config(args), decode + prefill, summary)
+    print(f"wrote {args.out}")
+
+
 def _bench_quant(args) -> None:
     from minillm.bench.quant import KV_COLUMNS, WEIGHT_COLUMNS, bench_quant
     from minillm.bench.report import format_table, write_json
@@ -240,6 +254,12 @@ def build_parser() -> argparse.ArgumentParser:
     attn = bench_command("attention", "Triton attention kernels against memory bandwidth and SDPA (CUDA)",
                          _bench_attention, model=False)
     attn.add_argument("--batch", type=int, default=8)
+    dec = bench_command("decode", "the roofline of a step: decode at rising batch sizes (eager and CUDA graphs) "
+                        "and prefill, against the measured copy bandwidth and matmul peak", _bench_decode)
+    dec.add_argument("--batches", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64, 128, 256])
+    dec.add_argument("--context", type=int, default=512, help="tokens already in each sequence's cache")
+    dec.add_argument("--steps", type=int, default=10, help="decode steps timed per batch size")
+    dec.add_argument("--prefill-lens", type=int, nargs="*", default=[128, 512, 2048, 8192])
     quant_bench = bench_command("quant", "weight bytes, perplexity and tokens/s of each quantization scheme, the "
                                 "int8 KV cache, and (CUDA) the matmul kernels against fp16", _bench_quant)
     text_arg(quant_bench)

@@ -33,23 +33,51 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     return dev
 
 
+# bf16 in hardware starts with Ampere; older GPUs (a T4 is 7.5) emulate it, slowly, and the Triton kernels are
+# not tested there.
+BF16_MIN_CAPABILITY = (8, 0)
+
+
+def cuda_bf16_native(device: torch.device | int | None = None) -> bool:
+    """Whether this CUDA GPU has bfloat16 in hardware. Not `torch.cuda.is_bf16_supported()`: that says True on a
+    T4 too, counting emulation as support."""
+    return torch.cuda.get_device_capability(device) >= BF16_MIN_CAPABILITY
+
+
+def format_capability(capability: tuple[int, int]) -> str:
+    return ".".join(map(str, capability))
+
+
 def resolve_dtype(dtype: str | torch.dtype, checkpoint_dtype: str, device: torch.device) -> torch.dtype:
-    """`auto` is the checkpoint's dtype on a GPU (bf16 becomes fp16 where the GPU lacks bf16, e.g.
+    """`auto` is the checkpoint's dtype on a GPU (bf16 becomes fp16 where the GPU lacks native bf16, e.g.
     a T4), and float32 on CPU, where half-precision matmuls are slow or missing."""
+    if isinstance(dtype, str) and dtype == "auto":
+        return _auto_dtype(checkpoint_dtype, device)
+    resolved = _explicit_dtype(dtype)
+    if resolved == torch.bfloat16 and device.type == "cuda" and not cuda_bf16_native(device):
+        have = format_capability(torch.cuda.get_device_capability(device))
+        raise ValueError(f"dtype='bfloat16' was asked for, but this GPU has compute capability {have} and native "
+                         f"bfloat16 needs {format_capability(BF16_MIN_CAPABILITY)}+; use dtype='float16'")
+    return resolved
+
+
+def _explicit_dtype(dtype: str | torch.dtype) -> torch.dtype:
     if isinstance(dtype, torch.dtype):
         if dtype not in _DTYPES.values():
             raise ValueError(f"dtype must be one of float32, float16, bfloat16 or 'auto', got {dtype}")
         return dtype
-    if dtype != "auto":
-        if dtype not in _DTYPES:
-            raise ValueError(f"dtype must be 'auto', 'float32', 'float16' or 'bfloat16', got {dtype!r}")
-        return _DTYPES[dtype]
+    if dtype not in _DTYPES:
+        raise ValueError(f"dtype must be 'auto', 'float32', 'float16' or 'bfloat16', got {dtype!r}")
+    return _DTYPES[dtype]
+
+
+def _auto_dtype(checkpoint_dtype: str, device: torch.device) -> torch.dtype:
     if device.type == "cpu":
         return torch.float32
     wanted = _DTYPES.get(checkpoint_dtype.replace("torch.", ""), torch.float32)
     if wanted == torch.float32:
         return torch.float16 if device.type == "mps" else torch.float32
-    if wanted == torch.bfloat16 and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+    if wanted == torch.bfloat16 and device.type == "cuda" and not cuda_bf16_native(device):
         return torch.float16
     return wanted
 

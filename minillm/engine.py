@@ -36,7 +36,8 @@ class LLMEngine:
                  max_model_len: int | None = None, kv_cache: str = "paged", block_size: int = 16,
                  num_kv_blocks: int | None = None, gpu_memory_utilization: float = 0.9,
                  enable_prefix_caching: bool = True, attention_backend: str = "auto", seed: int = 0,
-                 quantization: str | None = None, quant_group_size: int = 128, kv_cache_dtype: str = "auto") -> None:
+                 quantization: str | None = None, quant_group_size: int = 128, kv_cache_dtype: str = "auto",
+                 enforce_eager: bool = False) -> None:
         if kv_cache not in KV_CACHE_MODES:
             raise ValueError(f"kv_cache must be one of {KV_CACHE_MODES}, got {kv_cache!r}")
         if kv_cache_dtype not in KV_CACHE_DTYPES:
@@ -53,6 +54,8 @@ class LLMEngine:
             raise ValueError(f"max_num_batched_tokens must be an integer >= 1, got {max_num_batched_tokens!r}")
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise ValueError(f"seed must be an integer, got {seed!r}")
+        if not isinstance(enforce_eager, bool):
+            raise ValueError(f"enforce_eager must be True or False, got {enforce_eager!r}")
         path = resolve_model_path(model)
         self.model_name = str(model)
         self.model_config = config = ModelConfig.from_dir(path)
@@ -98,6 +101,9 @@ class LLMEngine:
                 self.kv_cache = ContiguousKVCache(config, self.dtype, self.device, num_blocks * block_size)
                 backend = ContiguousAttention()
         self.model_runner = ModelRunner(self.model, backend, self.kv_cache, self.device, seed)
+        # Decode steps replay CUDA graphs, as in vLLM, where the step is made of Triton kernels on a GPU.
+        if not enforce_eager and self.device.type == "cuda" and kernel == "triton" and kv_cache == "paged":
+            self.model_runner.capture_decode_graphs(max_num_seqs, self.max_model_len)
         self.scheduler = Scheduler(max_num_seqs, max_num_batched_tokens,
                                    None if self.block_manager else self.kv_cache, self.block_manager)
         self.output_processor = OutputProcessor(self.tokenizer)

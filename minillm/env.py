@@ -9,7 +9,14 @@ import sys
 
 import torch
 
-from minillm.device import default_device, device_memory_bytes, triton_status
+from minillm.device import (
+    BF16_MIN_CAPABILITY,
+    cuda_bf16_native,
+    default_device,
+    device_memory_bytes,
+    format_capability,
+    triton_status,
+)
 
 _PACKAGES = ("minillm", "torch", "transformers", "tokenizers", "safetensors", "huggingface_hub", "triton",
              "numpy", "jupyterlab", "ipywidgets", "plotly", "anywidget")
@@ -35,8 +42,8 @@ def collect_env() -> dict:
     }
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
-        info["cuda"] = {"device": props.name, "capability": f"{props.major}.{props.minor}",
-                        "runtime": torch.version.cuda, "bf16": torch.cuda.is_bf16_supported()}
+        info["cuda"] = {"device": props.name, "capability": format_capability((props.major, props.minor)),
+                        "runtime": torch.version.cuda, "bf16": cuda_bf16_native(0)}
     info["triton_usable"], info["triton"] = triton_status()
     info["hf_hub_offline"] = os.environ.get("HF_HUB_OFFLINE") == "1"
     return info
@@ -46,5 +53,12 @@ def format_env(info: dict) -> str:
     lines = [f"{key:<16} {value}" for key, value in info.items() if key not in ("packages", "cuda")]
     if info["cuda"]:
         lines += [f"cuda.{k:<11} {v}" for k, v in info["cuda"].items()]
+        if not info["cuda"]["bf16"]:
+            lines.append(f"{'note':<16} {_no_bf16_note(info['cuda']['capability'])}")
     lines += [f"{name:<16} {version or 'not installed'}" for name, version in info["packages"].items()]
     return "\n".join(lines)
+
+
+def _no_bf16_note(capability: str) -> str:
+    return (f"this GPU has no native bfloat16 (compute capability {capability} < "
+            f"{format_capability(BF16_MIN_CAPABILITY)}): dtype='auto' runs bfloat16 checkpoints in float16")

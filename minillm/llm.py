@@ -24,7 +24,9 @@ class LLM:
         model's dtype, or "int8": K and V quantized with a scale per token and head, paged cache only, about
         half the bytes of fp16); weight-only quantization of the decoder's linear layers: quantization
         (None, "int8" or "int4") and quant_group_size (int4: 32, 64 or 128). A folder written by
-        `minillm quantize` (quant/checkpoint.py) loads already quantized."""
+        `minillm quantize` (quant/checkpoint.py) loads already quantized. enforce_eager: False (the
+        default) replays decode steps as CUDA graphs on a GPU with the Triton backend; True runs every
+        step eagerly, launch by launch (cuda_graph.py)."""
         self.llm_engine = LLMEngine(model, **engine_args)
         self._request_ids = itertools.count()
 

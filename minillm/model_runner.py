@@ -1,5 +1,6 @@
 """Runs one scheduled step: flatten the batch, run the model, sample one token for each sequence
-that has computed all its tokens (not for a prompt chunk that leaves some of the prompt for later)."""
+that has computed all its tokens (not for a prompt chunk that leaves some of the prompt for later).
+Pure decode steps replay CUDA graphs where they were captured (cuda_graph.py)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import functools
 import torch
 
 from minillm.attention import AttentionBackend, AttentionMetadata, NoCacheAttention
+from minillm.cuda_graph import DecodeGraphs
 from minillm.kv_cache import ContiguousKVCache
 from minillm.kv_pool import KVPool
 from minillm.layers.sampler import Sampler, SamplerOutput, SamplingMetadata
@@ -23,6 +25,13 @@ class ModelRunner:
         self.kv_cache = kv_cache
         self.device = device
         self.sampler = Sampler(torch.Generator(device=device).manual_seed(seed))
+        self.decode_graphs: DecodeGraphs | None = None
+
+    def capture_decode_graphs(self, max_num_seqs: int, max_model_len: int, capture: bool = True) -> None:
+        """Run pure decode steps through CUDA graphs (cuda_graph.py); capture=False runs the same
+        padded path eagerly, for tests on a CPU."""
+        self.decode_graphs = DecodeGraphs(self.model, self.attn_backend, max_num_seqs, max_model_len,
+                                          self.kv_cache.block_size, self.device, capture)
 
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> SamplerOutput | None:
@@ -36,6 +45,9 @@ class ModelRunner:
             positions += range(start, start + n)
             query_start_loc.append(query_start_loc[-1] + n)
             start_pos.append(start)
+        if self._replays(batch):
+            logits = self.decode_graphs.run(input_ids, positions, *self._paged_inputs(batch, start_pos))
+            return self.sampler(logits, SamplingMetadata.from_seqs(batch.seqs, self.device))
         metadata = AttentionMetadata(query_start_loc=query_start_loc, start_pos=start_pos)
         if isinstance(self.kv_cache, ContiguousKVCache):
             metadata.kv_buffers = [self.kv_cache.buffer(s) for s in batch.seqs]
@@ -53,21 +65,32 @@ class ModelRunner:
         logits = self.model.compute_logits(hidden[torch.tensor(rows, device=self.device)])
         return self.sampler(logits, SamplingMetadata.from_seqs(list(seqs), self.device))
 
-    def _add_paged_metadata(self, metadata: AttentionMetadata, batch: ScheduledBatch) -> None:
+    def _replays(self, batch: ScheduledBatch) -> bool:
+        """Whether the step is one the decode graphs hold: one token per sequence, each sampled."""
+        return (self.decode_graphs is not None and len(batch.seqs) <= self.decode_graphs.max_batch_size
+                and all(n == 1 for n in batch.num_new_tokens) and all(batch.do_sample))
+
+    def _paged_inputs(self, batch: ScheduledBatch, start_pos: list[int]
+                      ) -> tuple[list[int], list[list[int]], list[int]]:
+        """Slot of every new token, each sequence's block table and its length after the step."""
         block_size = self.kv_cache.block_size
         slots: list[int] = []
-        for seq, n, start in zip(batch.seqs, batch.num_new_tokens, metadata.start_pos):
+        for seq, n, start in zip(batch.seqs, batch.num_new_tokens, start_pos):
             table = seq.block_table
             slots += (table[p // block_size] * block_size + p % block_size for p in range(start, start + n))
-        width = max(len(seq.block_table) for seq in batch.seqs)
-        tables = [seq.block_table + [0] * (width - len(seq.block_table)) for seq in batch.seqs]
+        seq_lens = [start + n for start, n in zip(start_pos, batch.num_new_tokens)]
+        return slots, [seq.block_table for seq in batch.seqs], seq_lens
+
+    def _add_paged_metadata(self, metadata: AttentionMetadata, batch: ScheduledBatch) -> None:
+        slots, block_tables, seq_lens = self._paged_inputs(batch, metadata.start_pos)
+        width = max(len(table) for table in block_tables)
+        tables = [table + [0] * (width - len(table)) for table in block_tables]
 
         def tensor(values) -> torch.Tensor:
             return torch.tensor(values, dtype=torch.int32, device=self.device)
 
         metadata.slot_mapping = tensor(slots)
         metadata.block_tables = tensor(tables)
-        seq_lens = [start + n for start, n in zip(metadata.start_pos, batch.num_new_tokens)]
         metadata.seq_lens = tensor(seq_lens)
         metadata.max_seq_len = max(seq_lens)
         metadata.cu_seqlens_q = tensor(metadata.query_start_loc)

@@ -26,7 +26,7 @@ def write_random_llama(out: Path, hidden: int, layers: int, heads: int, kv_heads
     torch.manual_seed(seed)
     config = LlamaConfig(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
                          num_key_value_heads=kv_heads, intermediate_size=intermediate, vocab_size=vocab,
-                         max_position_embeddings=4096, bos_token_id=0, eos_token_id=0, pad_token_id=0)
+                         max_position_embeddings=16384, bos_token_id=0, eos_token_id=0, pad_token_id=0)
     model = LlamaForCausalLM(config).to(torch.bfloat16)
     model.save_pretrained(out)
     tiny = resolve_model_path("tiny")

@@ -1,5 +1,6 @@
-"""On a CUDA GPU: parity with transformers in bfloat16. Skipped where there is no GPU (CI has none);
-run it on one with `pytest tests/test_gpu.py`."""
+"""On a CUDA GPU: parity with transformers in bfloat16, and CUDA-graph decode against eager steps.
+Skipped where there is no GPU (CI has none); run it on one with `pytest tests/test_gpu.py`, or with
+every other GPU test and benchmark through scripts/gpu_check.sh."""
 
 from __future__ import annotations
 
@@ -8,11 +9,13 @@ import torch
 from conftest import HF_CONFIGS, make_hf_model
 
 from minillm import LLM, SamplingParams
+from minillm.device import cuda_bf16_native
 from minillm.model_runner import sequence_logits
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
+@pytest.mark.skipif(torch.cuda.is_available() and not cuda_bf16_native(), reason="no native bfloat16 below cc 8.0")
 @pytest.mark.parametrize("kind", HF_CONFIGS)
 def test_bf16_parity_on_cuda(kind, tmp_path):
     hf = make_hf_model(kind)
@@ -40,3 +43,40 @@ def test_bf16_parity_on_cuda(kind, tmp_path):
                 top2 = ref.logits[i][0].float().topk(2).values
                 assert top2[0] - top2[1] <= 0.04 * top2[0].abs(), f"{kind}: diverged at token {i} without a near-tie"
                 break
+
+
+class CountingGraph:
+    def __init__(self, graph):
+        self.graph, self.replays = graph, 0
+
+    def replay(self):
+        self.replays += 1
+        self.graph.replay()
+
+
+@pytest.mark.parametrize("quantization", [None, "int4"])
+def test_cuda_graph_decode_matches_eager(hf_checkpoint, quantization):
+    """Replayed graphs against eager launches, float32: the same greedy tokens, logprobs within
+    rounding (the graph's attention splits the context into partitions for max_model_len, not for
+    the batch's longest sequence, so sums are ordered differently)."""
+    _, path = hf_checkpoint("llama_gqa_tied")
+    prompts = [{"prompt_token_ids": list(range(1 + i, 9 + 7 * i))} for i in range(6)]
+    params = [SamplingParams(temperature=0, max_tokens=4 + 5 * i, ignore_eos=True, logprobs=1) for i in range(6)]
+    args = dict(skip_tokenizer_init=True, dtype="float32", device="cuda", max_num_seqs=8, quantization=quantization,
+                quant_group_size=32)
+    graphed = LLM(str(path), **args)
+    graphs = graphed.llm_engine.model_runner.decode_graphs
+    assert sorted(graphs.graphs) == [1, 2, 4, 8] and graphs.capture_seconds > 0
+    graphs.graphs = {size: CountingGraph(g) for size, g in graphs.graphs.items()}
+    eager = LLM(str(path), enforce_eager=True, **args)
+    assert eager.llm_engine.model_runner.decode_graphs is None
+
+    def run(llm):
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        return [(o.outputs[0].token_ids, [e[t].logprob for e, t in zip(o.outputs[0].logprobs, o.outputs[0].token_ids)])
+                for o in outs]
+
+    for (tokens, logprobs), (ref_tokens, ref_logprobs) in zip(run(graphed), run(eager)):
+        assert tokens == ref_tokens
+        assert logprobs == pytest.approx(ref_logprobs, abs=1e-3)
+    assert sum(g.replays for g in graphs.graphs.values()) >= 20

@@ -29,7 +29,8 @@ def test_prompt_logits_match_transformers(kind, hf_checkpoint):
         for p, ours in zip(prompts, logits):
             expected = hf(torch.tensor([p])).logits[0]
             where = f"{kind}, prompt of {len(p)} tokens"
-            torch.testing.assert_close(ours, expected, atol=1e-4, rtol=0, msg=lambda m, where=where: f"{where}: {m}")
+            torch.testing.assert_close(ours.cpu(), expected, atol=1e-4, rtol=0,
+                                       msg=lambda m, where=where: f"{where}: {m}")
 
 
 @pytest.mark.parametrize("kind", HF_CONFIGS)

@@ -58,11 +58,27 @@ def test_paged_decode_matches_reference(group, head_dim, block_size):
         assert relative_error(out, ref) < 1e-4, partition_size
 
 
+def test_padding_rows_of_a_decode_batch_give_zeros():
+    """A CUDA graph's batch is padded with rows of length 0: they must not turn into NaN (a softmax
+    over no keys) and must leave the real rows as they are. The graph is captured for a long
+    max_seq_len, so most partitions of every row are empty too."""
+    seq_lens = [40, 0, 7, 0]
+    k_cache, v_cache, tables, lens = paged_batch(seq_lens, 2, 64, 16, torch.float32, seed=5)
+    q = torch.randn(4, 4, 64, generator=torch.Generator().manual_seed(6)).to(DEVICE)
+    out = paged_decode_attention(q, k_cache, v_cache, tables, lens, 0.125, max_seq_len=1024, partition_size=64)
+    real = [0, 2]
+    ref = paged_decode_attention_ref(q[real], k_cache, v_cache, tables[real], lens[real], 0.125)
+    assert relative_error(out[real], ref) < 1e-4
+    assert torch.equal(out[[1, 3]], torch.zeros_like(out[[1, 3]]))
+
+
 @pytest.mark.parametrize("group,head_dim,block_size", SHAPES)
 def test_paged_prefill_matches_reference(group, head_dim, block_size):
     # (cached prefix, new tokens) per sequence: a plain prompt, a decode-like single token, prompts
-    # extending a prefix-cache hit that ends mid-block and on a block boundary.
-    context, new = [0, 120, 37, 2 * block_size], [70, 1, 45, 33]
+    # extending a prefix-cache hit that ends mid-block and on a block boundary; and a first query at
+    # position 62, whose key tile 0..63 ends one key past what it may see (the kernel's key tiles
+    # are 64 wide: only tiles wholly visible to a query tile may skip the causal mask).
+    context, new = [0, 120, 37, 2 * block_size, 62], [70, 1, 45, 33, 40]
     seq_lens = [c + n for c, n in zip(context, new)]
     k_cache, v_cache, tables, lens = paged_batch(seq_lens, 1, head_dim, block_size, torch.float32,
                                                  seed=group * 1000 + head_dim)

@@ -69,9 +69,9 @@ def check_every_row_count_on_both_paths(method: str, weight_args: tuple, k: int,
     bias = torch.randn(n, generator=generator(seed + 1)).to(dtype).to(DEVICE)
     for i, rows in enumerate(ROWS):
         x = torch.randn(rows, k, generator=generator(seed + 2 + rows)).to(dtype).to(DEVICE)
-        for j, path in enumerate(("gemv", "gemm")):
-            b = bias if (i + j) % 2 else None  # each path meets each row count, with and without bias
-            split_k = 1 + 2 * (i % 2) if path == "gemv" else None  # several input slices on half of them
+        # gemv with one input slice and with several, gemm; each with and without bias by turns.
+        for j, (path, split_k) in enumerate((("gemv", 1), ("gemv", 3), ("gemm", None))):
+            b = bias if (i + j) % 2 else None
             out = kernel(x, *weight_args, b, path=path, split_k=split_k)
             ref = reference(x.float(), *as_fp32(weight_args), None if b is None else b.float())
             assert out.dtype == dtype and out.shape == (rows, n)

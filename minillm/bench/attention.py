@@ -4,7 +4,9 @@ Decode reads every cached K and V once per step and does little arithmetic, so i
 memory bandwidth: the table reports the kernel's achieved GB/s (bytes of K, V and q read, output
 written, over time) against the copy bandwidth measured on the same device in the same run.
 Prefill is compute-bound: the ragged paged kernel against PyTorch's scaled_dot_product_attention
-on the same tokens held contiguously (which needs no block table, so it is the harder baseline).
+on the same tokens held contiguously (which needs no block table, so it is the harder baseline),
+as [batch, heads, tokens, head_dim]: given 3-D inputs, SDPA falls back to its slow math path on a
+GPU, which would flatter the Triton kernel. Times are GPU times (bench/timing.py).
 """
 
 from __future__ import annotations
@@ -13,32 +15,13 @@ import functools
 
 import torch
 
+from minillm.bench.timing import copy_bandwidth, graph_time
+
 DECODE_COLUMNS = [("batch", "batch"), ("context", "context"), ("ms", "ms"), ("GB_s", "GB/s"),
                   ("of_copy_bw", "of copy bandwidth"), ("max_abs_err", "max |err| vs torch")]
 PREFILL_COLUMNS = [("tokens", "tokens"), ("triton_ms", "triton ms"), ("sdpa_ms", "SDPA ms"),
+                   ("triton_TFLOP_s", "triton TFLOP/s"), ("sdpa_TFLOP_s", "SDPA TFLOP/s"),
                    ("speed_vs_sdpa", "SDPA time / triton time"), ("max_abs_err", "max |err| vs SDPA")]
-
-
-def cuda_time(fn, repeats: int = 20) -> float:
-    """Median seconds per call, measured with CUDA events after a warm-up."""
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) / 1000)
-    return sorted(times)[len(times) // 2]
-
-
-def copy_bandwidth(num_bytes: int = 2 << 30) -> float:
-    """Bytes per second of a device-to-device copy (read + write both counted)."""
-    src = torch.empty(num_bytes // 2, dtype=torch.float16, device="cuda")
-    dst = torch.empty_like(src)
-    return 2 * num_bytes / cuda_time(lambda: dst.copy_(src))
 
 
 def paged_inputs(batch: int, context: int, num_kv_heads: int, group: int, head_dim: int, block_size: int,
@@ -68,8 +51,8 @@ def bench_attention(contexts=(4096, 8192, 16384, 32768), batch: int = 8, num_kv_
         k_cache, v_cache, tables, lens = paged_inputs(batch, context, num_kv_heads, group, head_dim, block_size,
                                                       dtype)
         q = torch.randn(batch, num_kv_heads * group, head_dim, dtype=dtype, device="cuda")
-        seconds = cuda_time(functools.partial(paged_decode_attention, q, k_cache, v_cache, tables, lens, scale,
-                                              max_seq_len=context))
+        seconds = graph_time([functools.partial(paged_decode_attention, q, k_cache, v_cache, tables, lens, scale,
+                                                max_seq_len=context)])
         moved = 2 * k_cache.numel() * k_cache.element_size() + 2 * q.numel() * q.element_size()
         err = (paged_decode_attention(q, k_cache, v_cache, tables, lens, scale).float()
                - paged_decode_attention_ref(q.float(), k_cache.float(), v_cache.float(), tables, lens, scale)).abs()
@@ -83,17 +66,20 @@ def bench_attention(contexts=(4096, 8192, 16384, 32768), batch: int = 8, num_kv_
         k_cache, v_cache, tables, lens = paged_inputs(1, tokens, num_kv_heads, group, head_dim, block_size, dtype)
         q = torch.randn(tokens, heads, head_dim, dtype=dtype, device="cuda")
         cu = torch.tensor([0, tokens], dtype=torch.int32, device="cuda")
-        # The same K/V, contiguous and expanded to every query head, as SDPA takes them.
+        # The same K/V, contiguous and expanded to every query head, [1, heads, tokens, head_dim] as
+        # SDPA's flash path takes them.
         order = tables[0].long()
-        k = k_cache[order].flatten(0, 1)[:tokens].transpose(0, 1).repeat_interleave(group, 0)
-        v = v_cache[order].flatten(0, 1)[:tokens].transpose(0, 1).repeat_interleave(group, 0)
-        sdpa = functools.partial(torch.nn.functional.scaled_dot_product_attention, q.transpose(0, 1), k, v,
-                                 is_causal=True, scale=scale)
+        k = k_cache[order].flatten(0, 1)[:tokens].transpose(0, 1).repeat_interleave(group, 0)[None].contiguous()
+        v = v_cache[order].flatten(0, 1)[:tokens].transpose(0, 1).repeat_interleave(group, 0)[None].contiguous()
+        sdpa = functools.partial(torch.nn.functional.scaled_dot_product_attention,
+                                 q.transpose(0, 1)[None].contiguous(), k, v, is_causal=True, scale=scale)
         triton = functools.partial(paged_prefill_attention, q, k_cache, v_cache, cu, lens, tables, scale,
                                    max_query_len=tokens)
-        t_triton, t_sdpa = cuda_time(triton), cuda_time(sdpa)
-        err = (triton().float() - sdpa().transpose(0, 1).float()).abs().max().item()
+        t_triton, t_sdpa = graph_time([triton]), graph_time([sdpa])
+        err = (triton().float() - sdpa()[0].transpose(0, 1).float()).abs().max().item()
+        flops = 2 * 2 * heads * head_dim * tokens * (tokens + 1) / 2  # two matmuls over the causal half
         prefill_rows.append({"tokens": tokens, "triton_ms": t_triton * 1e3, "sdpa_ms": t_sdpa * 1e3,
+                             "triton_TFLOP_s": flops / t_triton / 1e12, "sdpa_TFLOP_s": flops / t_sdpa / 1e12,
                              "speed_vs_sdpa": t_sdpa / t_triton, "max_abs_err": err})
     summary = {"device": torch.cuda.get_device_name(), "copy_GB_s": copy_bw / 1e9, "dtype": str(dtype),
                "min_decode_fraction_of_copy_bw": min(r["of_copy_bw"] for r in decode_rows),

@@ -25,7 +25,10 @@ from minillm.kernels import check_kv_layout, dot_precision
 from minillm.kernels.tiles import load_kv_tile, online_softmax_step
 
 
-@triton.jit
+# Sizes that change from step to step are not specialized on (Triton otherwise compiles a variant for
+# each value that is 1 or a multiple of 16): a step must never wait for a compile.
+@triton.jit(do_not_specialize=["stride_table_seq", "stride_out_seq", "stride_out_head", "stride_lse_seq",
+                               "stride_lse_head"])
 def _decode_partition_kernel(
         q_ptr, k_cache_ptr, v_cache_ptr, k_scales_ptr, v_scales_ptr, block_tables_ptr, seq_lens_ptr, out_ptr,
         lse_ptr, scale,
@@ -70,21 +73,26 @@ def _decode_partition_kernel(
     tl.store(lse_ptr + seq * stride_lse_seq + heads * stride_lse_head + part, lse, mask=mask_g)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["stride_part_seq", "stride_part_head", "stride_lse_seq", "stride_lse_head",
+                               "num_parts"])
 def _merge_partitions_kernel(
         part_out_ptr, lse_ptr, out_ptr, stride_part_seq, stride_part_head, stride_part_part,
-        stride_lse_seq, stride_lse_head, stride_out_seq, stride_out_head,
-        NUM_PARTS: tl.constexpr, PARTS_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr):
+        stride_lse_seq, stride_lse_head, stride_out_seq, stride_out_head, num_parts,
+        PARTS_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr):
     seq = tl.program_id(0)
     head = tl.program_id(1)
     offs_p = tl.arange(0, PARTS_PAD)
     offs_d = tl.arange(0, DIM_PAD)
-    mask_p = offs_p < NUM_PARTS
+    mask_p = offs_p < num_parts
     mask_d = offs_d < HEAD_DIM
     lse = tl.load(lse_ptr + seq * stride_lse_seq + head * stride_lse_head + offs_p, mask=mask_p,
                   other=float("-inf"))
-    weights = tl.exp(lse - tl.max(lse, 0))  # partition 0 always has keys, so the max is finite
-    weights = weights / tl.sum(weights, 0)
+    # Partition 0 has keys unless the sequence has none (a padding row of a CUDA graph's batch):
+    # that row's weights are all 0, and so is its output.
+    top = tl.max(lse, 0)
+    weights = tl.exp(lse - tl.where(top == float("-inf"), 0.0, top))
+    total = tl.sum(weights, 0)
+    weights = weights / tl.where(total > 0, total, 1.0)
     parts = tl.load(part_out_ptr + seq * stride_part_seq + head * stride_part_head
                     + offs_p[:, None] * stride_part_part + offs_d[None, :],
                     mask=mask_p[:, None] & mask_d[None, :], other=0.0)
@@ -127,6 +135,6 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     out = torch.empty_like(q)
     _merge_partitions_kernel[(num_seqs, num_heads)](
         part_out, lse, out, part_out.stride(0), part_out.stride(1), part_out.stride(2),
-        lse.stride(0), lse.stride(1), out.stride(0), out.stride(1),
-        NUM_PARTS=num_parts, PARTS_PAD=triton.next_power_of_2(num_parts), HEAD_DIM=head_dim, DIM_PAD=dim_pad)
+        lse.stride(0), lse.stride(1), out.stride(0), out.stride(1), num_parts,
+        PARTS_PAD=triton.next_power_of_2(num_parts), HEAD_DIM=head_dim, DIM_PAD=dim_pad)
     return out

@@ -7,7 +7,8 @@ attends to keys 0..p of its own sequence, all read through the block table: the 
 (a prefix-cache hit, or earlier chunks of a chunked prefill) and this step's tokens alike.
 
 One program computes a tile of BLOCK_M queries of one head of one sequence, streaming keys in tiles
-of BLOCK_N with the online softmax of FlashAttention; tiles past the causal limit are never loaded.
+of BLOCK_N with the online softmax of FlashAttention; tiles past the causal limit are never loaded,
+and only tiles that straddle it are masked.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from minillm.kernels import check_kv_layout, dot_precision
 from minillm.kernels.tiles import load_kv_tile, online_softmax_step
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["stride_table_seq"])  # the block tables' width changes every step
 def _prefill_kernel(
         q_ptr, k_cache_ptr, v_cache_ptr, k_scales_ptr, v_scales_ptr, block_tables_ptr, cu_seqlens_q_ptr,
         seq_lens_ptr, out_ptr, scale,
@@ -52,13 +53,23 @@ def _prefill_kernel(
     m = tl.full([BLOCK_M], float("-inf"), tl.float32)
     denom = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, DIM_PAD], tl.float32)
+    table = block_tables_ptr + seq * stride_table_seq
     end = tl.minimum(seq_len, context_len + (tile + 1) * BLOCK_M)  # the tile's last query sees no further
-    for start_n in range(0, end, BLOCK_N):
+    # Keys up to the tile's first query are visible to all its queries: whole tiles of them need no
+    # causal mask, which is most tiles of a long prompt. Only the tiles along the diagonal do.
+    unmasked_end = (context_len + tile * BLOCK_M + 1) // BLOCK_N * BLOCK_N
+    for start_n in range(0, unmasked_end, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        k, v = load_kv_tile(k_cache_ptr, v_cache_ptr, table, offs_n, offs_n < unmasked_end, kv_head, offs_d,
+                            mask_d, stride_cache_block, stride_cache_slot, stride_cache_head, BLOCK_SIZE,
+                            k_scales_ptr, v_scales_ptr)
+        m, denom, acc = online_softmax_step(q, k, v, None, m, denom, acc, scale, PRECISION)
+    for start_n in range(unmasked_end, end, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         mask_n = offs_n < end
-        k, v = load_kv_tile(k_cache_ptr, v_cache_ptr, block_tables_ptr + seq * stride_table_seq, offs_n, mask_n,
-                            kv_head, offs_d, mask_d, stride_cache_block, stride_cache_slot, stride_cache_head,
-                            BLOCK_SIZE, k_scales_ptr, v_scales_ptr)
+        k, v = load_kv_tile(k_cache_ptr, v_cache_ptr, table, offs_n, mask_n, kv_head, offs_d, mask_d,
+                            stride_cache_block, stride_cache_slot, stride_cache_head, BLOCK_SIZE, k_scales_ptr,
+                            v_scales_ptr)
         visible = mask_n[None, :] & (offs_n[None, :] <= q_pos[:, None])  # causal
         m, denom, acc = online_softmax_step(q, k, v, visible, m, denom, acc, scale, PRECISION)
 

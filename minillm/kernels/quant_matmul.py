@@ -10,116 +10,24 @@ costs what it is stored in: 1 byte (int8) or half a byte (int4) instead of 2 for
 scales and zero points. The bytes read per weight drop 2x / 4x, and with them the decode time.
 
 Two paths, picked by the number of rows M (`pick_path`):
-- gemv, for decode (M <= GEMV_MAX_ROWS): one program per block of output channels and per slice of
-  the inputs (split-K), holding every row, so each weight byte is read once for all of them. A
-  single row is a multiply-reduce; 2 to 16 rows one tl.dot per tile. The slices' partial sums are
-  added by a second small kernel, in a fixed order, so results do not vary from run to run.
+- gemv, for decode (M <= GEMV_MAX_ROWS): every weight byte read once for all the rows
+  (`quant_gemv.py`);
 - gemm, for prefill: the classic tiling over rows and output channels with tl.dot. It is
   compute-bound: the weight tiles are re-read once per block of rows, mostly from L2.
 """
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 
 from minillm.kernels import dot_precision
+from minillm.kernels.quant_gemv import GEMV_MAX_ROWS, gemv
+from minillm.kernels.quant_tiles import load_weight_tile, store_rows
 
-# tl.dot's smallest row tile on the GPU is 16, so up to 16 rows cost one pass over the weights, the
-# same as one row. And at 16 rows a weight still does little arithmetic per byte read (2 * 16 flops
-# per int8 byte, 64 per int4 byte) against the 200-300 flops per byte at which an H100/H200's tensor
-# cores, not its memory, become the limit: reading the weights once is still all that matters. Past
-# that, more rows are better spread over more programs, which is what the gemm grid does.
-GEMV_MAX_ROWS = 16
 PATHS = ("auto", "gemv", "gemm")
 INPUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-
-
-@triton.jit
-def _weight_tile(w_ptr, scales_ptr, zeros_ptr, offs_n, mask_n, k0, K, stride_wn, stride_sn,
-                 BLOCK_K: tl.constexpr, GROUP_SIZE: tl.constexpr, INT4: tl.constexpr):
-    """Weights of output channels offs_n, inputs k0 .. k0 + BLOCK_K, as a [BLOCK_N, BLOCK_K] fp32
-    tile. int8: the raw levels, whose row scale is applied to the finished sum instead (one multiply
-    per output, not per weight). int4: dequantized; the tile lies in one group (BLOCK_K divides
-    GROUP_SIZE), so a row's scale and zero point are one load per tile."""
-    rows = offs_n.to(tl.int64)[:, None] * stride_wn
-    if INT4:
-        # Byte j holds input 2j (low nibble) and 2j + 1 (high nibble). Interleaving the two nibble
-        # tiles restores input order, so x stays one contiguous load and each tile one tl.dot; the
-        # alternative, splitting x into even and odd columns for two dots, would turn x's loads into
-        # stride-2 gathers. tl.join places its new axis within a thread, so no data crosses threads.
-        packed = tl.load(w_ptr + rows + k0 // 2 + tl.arange(0, BLOCK_K // 2)[None, :], mask=mask_n[:, None], other=0)
-        q = tl.interleave(packed & 0xF, packed >> 4).to(tl.float32)
-        group = k0 // GROUP_SIZE
-        scale = tl.load(scales_ptr + offs_n * stride_sn + group, mask=mask_n, other=0.0).to(tl.float32)
-        zero = tl.load(zeros_ptr + offs_n * stride_sn + group, mask=mask_n, other=0.0).to(tl.float32)
-        w = (q - zero[:, None]) * scale[:, None]
-    else:
-        offs_k = k0 + tl.arange(0, BLOCK_K)
-        w = tl.load(w_ptr + rows + offs_k[None, :], mask=mask_n[:, None] & (offs_k < K)[None, :],
-                    other=0).to(tl.float32)
-    return w
-
-
-@triton.jit
-def _store_rows(acc, scales_ptr, bias_ptr, out_ptr, offs_m, offs_n, mask_m, mask_n, stride_om,
-                INT4: tl.constexpr, HAS_BIAS: tl.constexpr):
-    if not INT4:  # int8: the row's scale was left out of the sum (see _weight_tile)
-        acc = acc * tl.load(scales_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
-    tl.store(out_ptr + offs_m.to(tl.int64)[:, None] * stride_om + offs_n[None, :],
-             acc.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
-
-
-@triton.jit
-def _gemv_kernel(x_ptr, w_ptr, scales_ptr, zeros_ptr, bias_ptr, out_ptr, M, N, K, tiles_per_split,
-                 stride_xm, stride_wn, stride_sn, stride_om, stride_out_split,
-                 INT4: tl.constexpr, GROUP_SIZE: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr,
-                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr):
-    """Program (n, s, m): output channels of block n, input slice s, rows of block m (a single
-    block up to GEMV_MAX_ROWS rows). With several slices, out_ptr is an fp32 buffer of partial sums,
-    one [M, N] plane per slice, and bias comes with the reduction."""
-    pid_n = tl.program_id(0)
-    split = tl.program_id(1)
-    offs_m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask_m = offs_m < M
-    mask_n = offs_n < N
-    x_rows = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm
-    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    start = split * tiles_per_split * BLOCK_K
-    for k0 in range(start, tl.minimum(K, start + tiles_per_split * BLOCK_K), BLOCK_K):
-        w = _weight_tile(w_ptr, scales_ptr, zeros_ptr, offs_n, mask_n, k0, K, stride_wn, stride_sn,
-                         BLOCK_K, GROUP_SIZE, INT4)
-        offs_k = k0 + tl.arange(0, BLOCK_K)
-        x = tl.load(x_rows + offs_k[None, :], mask=mask_m[:, None] & (offs_k < K)[None, :], other=0.0)
-        if BLOCK_M == 1:
-            # One row: a multiply-reduce on the plain ALUs, rather than a tensor-core tile padded
-            # to 16 rows (which, for fp32 inputs, has no tensor cores to run on).
-            acc += tl.sum(w * x.to(tl.float32), axis=1)[None, :]
-        else:
-            acc = tl.dot(x, tl.trans(w.to(x.dtype)), acc, input_precision=PRECISION)
-    _store_rows(acc, scales_ptr, bias_ptr, out_ptr + split.to(tl.int64) * stride_out_split, offs_m, offs_n, mask_m,
-                mask_n, stride_om, INT4, HAS_BIAS)
-
-
-@triton.jit
-def _split_k_reduce_kernel(partial_ptr, bias_ptr, out_ptr, N, num_splits, stride_split, stride_pm, stride_om,
-                           HAS_BIAS: tl.constexpr, SPLITS_PAD: tl.constexpr, BLOCK_N: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    offs_s = tl.arange(0, SPLITS_PAD).to(tl.int64)
-    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask_n = offs_n < N
-    parts = tl.load(partial_ptr + offs_s[:, None] * stride_split + row * stride_pm + offs_n[None, :],
-                    mask=(offs_s < num_splits)[:, None] & mask_n[None, :], other=0.0)
-    acc = tl.sum(parts, 0)
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
-    tl.store(out_ptr + row * stride_om + offs_n, acc.to(out_ptr.dtype.element_ty), mask=mask_n)
 
 
 @triton.jit
@@ -138,34 +46,17 @@ def _gemm_kernel(x_ptr, w_ptr, scales_ptr, zeros_ptr, bias_ptr, out_ptr, M, N, K
     for k0 in range(0, K, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         x = tl.load(x_rows + offs_k[None, :], mask=mask_m[:, None] & (offs_k < K)[None, :], other=0.0)
-        w = _weight_tile(w_ptr, scales_ptr, zeros_ptr, offs_n, mask_n, k0, K, stride_wn, stride_sn,
+        w = load_weight_tile(w_ptr, scales_ptr, zeros_ptr, offs_n, mask_n, k0, K, stride_wn, stride_sn,
                          BLOCK_K, GROUP_SIZE, INT4)
         # tl.dot takes x's dtype. int4: the dequantized tile is rounded to it, as the reference's
         # dequantized weight is; int8: the raw levels are, exactly (the row scale comes after).
         acc = tl.dot(x, tl.trans(w.to(x.dtype)), acc, input_precision=PRECISION)
-    _store_rows(acc, scales_ptr, bias_ptr, out_ptr, offs_m, offs_n, mask_m, mask_n, stride_om, INT4, HAS_BIAS)
+    store_rows(acc, scales_ptr, bias_ptr, out_ptr, offs_m, offs_n, mask_m, mask_n, stride_om, INT4, HAS_BIAS)
 
 
 def pick_path(rows: int) -> str:
     """The path `path="auto"` takes for a batch of `rows` rows."""
     return "gemv" if rows <= GEMV_MAX_ROWS else "gemm"
-
-
-@functools.cache
-def _num_sms(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
-def _gemv_splits(n_blocks: int, k_tiles: int, rows: int, n: int, weight_bytes: int, device: torch.device) -> int:
-    """Slices of K for the gemv path: enough programs to keep every SM's loads in flight (a
-    4096-wide layer in blocks of 64 channels is only 64 programs), but no slice shorter than 4
-    tiles, and a buffer of fp32 partial sums no larger than a quarter of the weight bytes (it is
-    written, then read back by the reduction, mostly from L2)."""
-    if device.type != "cuda":
-        return 1  # the interpreter runs programs one after another: slicing only adds work
-    want = triton.cdiv(4 * _num_sms(device.index if device.index is not None else torch.cuda.current_device()),
-                       n_blocks)
-    return max(1, min(want, k_tiles // 4, weight_bytes // (16 * rows * n)))
 
 
 def _check_common(x: torch.Tensor, weight: torch.Tensor, in_features: int, scales: torch.Tensor,
@@ -261,27 +152,5 @@ def _quant_matmul(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor, z
             BLOCK_K=block_k, PRECISION=precision, num_warps=8, num_stages=3)
         return out.view(*lead, out_features)
 
-    # gemv: all rows in one block of up to 16 (more, when forced, take several blocks).
-    block_m = 1 if rows == 1 else GEMV_MAX_ROWS
-    block_n = 64
-    block_k = min(128, group_size) if int4 else 128
-    n_blocks, k_tiles = triton.cdiv(out_features, block_n), triton.cdiv(in_features, block_k)
-    if split_k is None:
-        split_k = _gemv_splits(n_blocks, k_tiles, rows, out_features, weight.numel() * weight.element_size(),
-                               x.device)
-    tiles_per_split = triton.cdiv(k_tiles, min(split_k, k_tiles))
-    splits = triton.cdiv(k_tiles, tiles_per_split)  # no slice left empty
-    target = out if splits == 1 else torch.empty((splits, rows, out_features), dtype=torch.float32,
-                                                 device=x.device)
-    grid = (n_blocks, splits, triton.cdiv(rows, block_m))
-    _gemv_kernel[grid](
-        x, weight, scales, zeros_arg, bias_arg, target, rows, out_features, in_features, tiles_per_split,
-        x.stride(0), weight.stride(0), stride_sn, target.stride(-2), target.stride(0) if splits > 1 else 0,
-        INT4=int4, GROUP_SIZE=group_size, HAS_BIAS=bias is not None and splits == 1, BLOCK_M=block_m,
-        BLOCK_N=block_n, BLOCK_K=block_k, PRECISION=precision, num_warps=4)
-    if splits > 1:
-        reduce_n = 128
-        _split_k_reduce_kernel[(rows, triton.cdiv(out_features, reduce_n))](
-            target, bias_arg, out, out_features, splits, target.stride(0), target.stride(1), out.stride(0),
-            HAS_BIAS=bias is not None, SPLITS_PAD=triton.next_power_of_2(splits), BLOCK_N=reduce_n)
+    gemv(x, weight, scales, zeros_arg, bias, bias_arg, out, int4, group_size, stride_sn, precision, split_k)
     return out.view(*lead, out_features)

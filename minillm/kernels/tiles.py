@@ -33,11 +33,13 @@ def online_softmax_step(q, k, v, visible, m, denom, acc, scale, PRECISION: tl.co
     """Attend rows of q to one tile of keys without ever holding all the scores: m is each row's
     running max, denom its running sum of exp(score - m), acc its running weighted sum of values.
     A new max rescales what was summed before by exp(old max - new max). K and V are taken in q's
-    dtype (a dequantized int8 tile comes in fp32)."""
+    dtype (a dequantized int8 tile comes in fp32). visible=None: every key of the tile is visible
+    to every query, and no mask is applied."""
     k = k.to(q.dtype)
     v = v.to(q.dtype)
     scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
-    scores = tl.where(visible, scores, float("-inf"))
+    if visible is not None:
+        scores = tl.where(visible, scores, float("-inf"))
     m_new = tl.maximum(m, tl.max(scores, 1))
     p = tl.exp(scores - m_new[:, None])
     alpha = tl.exp(m - m_new)

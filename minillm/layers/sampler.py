@@ -30,10 +30,7 @@ class SamplingMetadata:
     generators: list[torch.Generator | None]
     banned_token_ids: list[list[int]]
     num_logprobs: list[int | None]
-
-    @property
-    def all_greedy(self) -> bool:
-        return bool((self.temperature < GREEDY_EPS).all())
+    all_greedy: bool  # known on the host, so that a greedy step never waits on the device to decide
 
     @classmethod
     def from_seqs(cls, seqs, device: torch.device) -> SamplingMetadata:
@@ -50,6 +47,7 @@ class SamplingMetadata:
             generators=[s.generator for s in seqs],
             banned_token_ids=[s.banned_token_ids() for s in seqs],
             num_logprobs=[p.logprobs for p in params],
+            all_greedy=all(p.greedy for p in params),
         )
 
 

@@ -1,0 +1,157 @@
+"""`minillm bench decode`: the roofline of an engine step.
+
+The device's two roofs are measured first, in the same run: copy bandwidth (bytes a step can move
+per second) and matmul throughput (flops it can do per second); their ratio is the ridge point, the
+arithmetic intensity (flops per byte moved) at which a step stops waiting on memory.
+
+A decode step reads every weight once, whatever the batch, plus each sequence's own K and V, and
+does two flops per weight per sequence: at batch 1 its intensity is about 1 flop per byte, far
+below any GPU's ridge (hundreds), so it is bound by bandwidth, and adding sequences is nearly free
+until their weights' flops catch up. Prefill does the same for every prompt token at once and is
+bound by compute. The table gives, per step: time, tokens/s, bytes moved over time as GB/s and as
+a share of the copy bandwidth, TFLOP/s, the step's intensity and which roof bounds it. Decode runs
+both eagerly and replaying CUDA graphs (on a GPU), where the gap is the CPU's launch overhead.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+
+import torch
+
+from minillm.bench.timing import copy_bandwidth, matmul_flops
+from minillm.kv_pool import kv_bytes_per_token
+from minillm.llm import LLM
+from minillm.sampling_params import SamplingParams
+
+DECODE_COLUMNS = [("mode", "mode"), ("batch", "batch"), ("step_ms", "step ms"), ("tokens_per_s", "tokens/s"),
+                  ("GB_per_step", "GB moved"), ("GB_s", "GB/s"), ("of_copy_bw", "of copy bw"),
+                  ("TFLOP_s", "TFLOP/s"), ("intensity", "flop/byte"), ("bound", "bound by")]
+PREFILL_COLUMNS = [("tokens", "prompt tokens"), ("ms", "ms (time to first token)"), ("TFLOP_s", "TFLOP/s"),
+                   ("of_peak", "of matmul peak"), ("intensity", "flop/byte"), ("bound", "bound by")]
+
+
+def weight_bytes(model: torch.nn.Module) -> tuple[int, int]:
+    """(bytes a decode step reads of the weights, flops per token of the linear layers / 2): every
+    linear weight and the output head once; of an embedding table not tied to the head, only the
+    step's rows (counted as nothing)."""
+    embed = model.model.embed_tokens.weight
+    total = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    read = total if model.lm_head is None else total - embed.numel() * embed.element_size()
+    linear = sum(m.out_features * m.in_features for m in model.modules() if hasattr(m, "in_features"))
+    if model.lm_head is None:
+        linear += embed.numel()
+    return read, linear
+
+
+def _random_prompt(vocab: int, length: int, seed: int) -> dict:
+    return {"prompt_token_ids": torch.randint(1, vocab, (length,), generator=torch.Generator().manual_seed(seed))
+            .tolist()}
+
+
+def _decode_step_seconds(llm: LLM, batch: int, context: int, steps: int) -> float:
+    """Median seconds of a pure decode step of `batch` sequences whose contexts reach about `context`."""
+    engine = llm.llm_engine
+    vocab = engine.model_config.vocab_size
+    params = SamplingParams(temperature=0, max_tokens=steps + 8, ignore_eos=True)
+    ids = [f"decode-{batch}-{i}" for i in range(batch)]
+    for i, request_id in enumerate(ids):
+        engine.add_request(request_id, _random_prompt(vocab, context, i), params)
+    while any(seq.num_output_tokens == 0 for seq in engine.scheduler.running) or engine.scheduler.waiting:
+        engine.step()
+    engine.step()  # the first decode of this batch size may compile kernels
+    times = []
+    for _ in range(steps):
+        if engine.device.type == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        engine.step()  # ends in sampled tokens read back to the host: the step is done on the device
+        times.append(time.perf_counter() - start)
+    for request_id in ids:
+        engine.abort_request(request_id)
+    return sorted(times)[len(times) // 2]
+
+
+def _prefill_seconds(llm: LLM, tokens: int) -> float:
+    engine = llm.llm_engine
+    params = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
+    times = []
+    for repeat in range(3):
+        engine.add_request(f"prefill-{tokens}-{repeat}", _random_prompt(engine.model_config.vocab_size, tokens,
+                                                                          repeat), params)
+        start = time.perf_counter()
+        engine.step()
+        times.append(time.perf_counter() - start)
+    return sorted(times)[1]
+
+
+def _roofline(row: dict, moved: float, flops: float, seconds: float, ridge: float, copy_bw: float) -> dict:
+    row.update(GB_per_step=moved / 1e9, GB_s=moved / seconds / 1e9, of_copy_bw=moved / seconds / copy_bw,
+               TFLOP_s=flops / seconds / 1e12, intensity=flops / moved,
+               bound="memory" if flops / moved < ridge else "compute")
+    return row
+
+
+def bench_decode(model: str, batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256), context: int = 512,
+                 steps: int = 10, prefill_lens: tuple[int, ...] = (128, 512, 2048, 8192), device: str | None = None,
+                 dtype: str = "auto") -> tuple[list[dict], list[dict], dict]:
+    """Decode at each batch size (contexts of `context` tokens), eagerly and (CUDA) with graphs;
+    prefill of one prompt of each length. Random token ids: the shapes are what matter."""
+    common = dict(device=device, dtype=dtype, skip_tokenizer_init=True, enable_prefix_caching=False)
+    blocks_per_seq = -(-(context + steps + 16) // 16)
+    decode_rows = []
+    for mode in ("eager", "graphs"):
+        llm = LLM(model, **common, max_num_seqs=max(batches), num_kv_blocks=max(batches) * blocks_per_seq,
+                  max_model_len=context + steps + 16, enforce_eager=mode == "eager")
+        engine = llm.llm_engine
+        dev, config, torch_dtype = engine.device, engine.model_config, engine.dtype
+        if mode == "graphs" and engine.model_runner.decode_graphs is None:
+            break  # no Triton here: eager is all there is
+        if mode == "eager":
+            read_bytes, linear_params = weight_bytes(engine.model)
+            kv_token = kv_bytes_per_token(config, torch_dtype)
+            attn_flops_per_ctx = 4 * config.num_attention_heads * config.head_dim * config.num_hidden_layers
+            copy_bw = copy_bandwidth(dev, (1 << 30) if dev.type == "cuda" else (256 << 20))
+            peak = matmul_flops(dev, torch_dtype, 8192 if dev.type == "cuda" else 1024)
+            ridge = peak / copy_bw
+        for batch in batches:
+            seconds = _decode_step_seconds(llm, batch, context, steps)
+            moved = read_bytes + batch * (context + steps // 2) * kv_token
+            flops = batch * (2 * linear_params + attn_flops_per_ctx * (context + steps // 2))
+            decode_rows.append(_roofline({"mode": mode, "batch": batch, "step_ms": seconds * 1e3,
+                                          "tokens_per_s": batch / seconds}, moved, flops, seconds, ridge, copy_bw))
+        del llm, engine
+        gc.collect()
+        if dev.type != "cuda":
+            break  # CUDA graphs are for CUDA devices
+
+    prefill_rows = []
+    if prefill_lens:
+        longest = max(prefill_lens)
+        llm = LLM(model, **common, max_num_seqs=1, max_num_batched_tokens=longest, max_model_len=longest + 1,
+                  num_kv_blocks=-(-longest // 16) + 1, enforce_eager=True)
+        for tokens in prefill_lens:
+            seconds = _prefill_seconds(llm, tokens)
+            moved = read_bytes + tokens * kv_token
+            flops = 2 * linear_params * tokens + attn_flops_per_ctx * tokens * (tokens + 1) / 2
+            row = _roofline({"tokens": tokens, "ms": seconds * 1e3}, moved, flops, seconds, ridge, copy_bw)
+            row["of_peak"] = row["TFLOP_s"] * 1e12 / peak
+            prefill_rows.append(row)
+        del llm
+        gc.collect()
+
+    def at(mode: str, batch: int, key: str):
+        return next((r[key] for r in decode_rows if r["mode"] == mode and r["batch"] == batch), None)
+
+    best = "graphs" if any(r["mode"] == "graphs" for r in decode_rows) else "eager"
+    summary = {"device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu", "dtype": str(torch_dtype),
+               "weight_GB": read_bytes / 1e9, "copy_GB_s": copy_bw / 1e9, "matmul_TFLOP_s": peak / 1e12,
+               "ridge_flop_per_byte": ridge, "batch1_of_copy_bw": at(best, 1, "of_copy_bw"),
+               "batch1_eager_of_copy_bw": at("eager", 1, "of_copy_bw"),
+               "graphs_speedup_at_batch1": (at("eager", 1, "step_ms") / at("graphs", 1, "step_ms")
+                                            if best == "graphs" and 1 in batches else None),
+               "first_compute_bound_batch": next((r["batch"] for r in decode_rows
+                                                  if r["mode"] == best and r["bound"] == "compute"), None)}
+    return decode_rows, prefill_rows, summary
+

@@ -1,0 +1,76 @@
+"""Timing GPU work, and the device's two roofs (copy bandwidth, matmul throughput), for the benchmarks.
+
+Kernels are timed as CUDA-graph replays: a graph launches its kernels back to back, so what is
+measured is GPU time, without the microseconds the CPU spends issuing each launch (which is what
+the engine's CUDA graphs remove too). A graph holds several calls on distinct copies of the data,
+so that each call reads from memory, not from the 50 MB of L2 cache an H100 has.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+
+import torch
+
+L2_DEFEAT_BYTES = 256 << 20  # more than any GPU's L2 cache
+
+
+def num_copies(nbytes: int) -> int:
+    """How many copies of `nbytes` of data a timed graph cycles through so that none stays in L2."""
+    return max(1, math.ceil(L2_DEFEAT_BYTES / max(nbytes, 1)))
+
+
+def graph_time(calls: list[Callable[[], object]], repeats: int = 10) -> float:
+    """Median GPU seconds per call of `calls`, captured once in one CUDA graph and replayed."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm-up: compiles kernels and allocates outside the capture
+        for call in calls:
+            call()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for call in calls:
+            call()
+    graph.replay()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / 1e3 / len(calls))
+    return sorted(times)[len(times) // 2]
+
+
+def wall_time(call: Callable[[], object], repeats: int = 5) -> float:
+    """Median seconds of `call` by the host clock, after one warm-up (the CPU's counterpart)."""
+    call()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
+    return sorted(times)[len(times) // 2]
+
+
+def copy_bandwidth(device: torch.device | str = "cuda", num_bytes: int = 1 << 30) -> float:
+    """Bytes per second of a device-to-device copy, bytes read and bytes written both counted."""
+    device = torch.device(device)
+    src = torch.empty(num_bytes // 2, dtype=torch.float16, device=device)
+    dst = torch.empty_like(src)
+    if device.type == "cuda":
+        return 2 * src.nbytes / graph_time([lambda: dst.copy_(src)])
+    return 2 * src.nbytes / wall_time(lambda: dst.copy_(src))
+
+
+def matmul_flops(device: torch.device | str = "cuda", dtype: torch.dtype = torch.bfloat16, n: int = 8192) -> float:
+    """Floating-point operations per second of one large square matmul in `dtype`."""
+    device = torch.device(device)
+    a = torch.randn(n, n, dtype=dtype, device=device)
+    b = torch.randn(n, n, dtype=dtype, device=device)
+    seconds = graph_time([lambda: a @ b]) if device.type == "cuda" else wall_time(lambda: a @ b)
+    return 2 * n ** 3 / seconds
