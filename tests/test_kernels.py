@@ -19,6 +19,7 @@ from minillm.kernels.reference import (  # noqa: E402
     store_kvcache_ref,
 )
 from minillm.kernels.store_kv import store_kvcache  # noqa: E402
+from minillm.kernels.targets import TARGETS, aot_target  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if DEVICE == "cuda" else [])
@@ -88,6 +89,26 @@ def test_paged_prefill_matches_reference(group, head_dim, block_size):
     out = paged_prefill_attention(q, k_cache, v_cache, cu, lens, tables, scale)
     ref = paged_prefill_attention_ref(q, k_cache, v_cache, cu, lens, tables, scale)
     assert relative_error(out, ref) < 1e-4
+
+
+@pytest.mark.parametrize("capability", [75, 90])
+@pytest.mark.parametrize("dtype", DTYPES[:2], ids=["fp32", "fp16"])
+def test_the_tiles_each_gpu_gets_compute_the_same(capability, dtype):
+    """The tile sizes the launchers pick for a T4 and an H100 (tests/test_aot.py checks that they
+    fit), run here, where the interpreter would otherwise pick its own."""
+    seq_lens, group, head_dim = [5, 130, 70], 4, 128
+    k_cache, v_cache, tables, lens = paged_batch(seq_lens, 2, head_dim, 16, dtype, seed=capability)
+    gen = torch.Generator().manual_seed(capability)
+    q = torch.randn(3, 2 * group, head_dim, generator=gen).to(DEVICE, dtype)
+    qp = torch.randn(75, 2 * group, head_dim, generator=gen).to(DEVICE, dtype)
+    cu = torch.tensor([0, 5, 65, 75], dtype=torch.int32, device=DEVICE)
+    with aot_target(TARGETS[capability]):
+        decode = paged_decode_attention(q, k_cache, v_cache, tables, lens, 0.1)
+        prefill = paged_prefill_attention(qp, k_cache, v_cache, cu, lens, tables, 0.1)
+    fp32 = as_fp32(q, k_cache, v_cache)
+    assert relative_error(decode, paged_decode_attention_ref(*fp32, tables, lens, 0.1)) < TOLERANCE[dtype]
+    ref = paged_prefill_attention_ref(*as_fp32(qp, k_cache, v_cache), cu, lens, tables, 0.1)
+    assert relative_error(prefill, ref) < TOLERANCE[dtype]
 
 
 @pytest.mark.parametrize("dtype", DTYPES[1:])

@@ -15,13 +15,12 @@ cache pays: half the bytes to read, dequantized in registers as each tile is loa
 
 from __future__ import annotations
 
-import math
-
 import torch
 import triton
 import triton.language as tl
 
 from minillm.kernels import check_kv_layout, dot_precision
+from minillm.kernels.targets import GPUSpec, first_fitting, launch_target, shared_bytes_bound
 from minillm.kernels.tiles import load_kv_tile, online_softmax_step
 
 
@@ -101,6 +100,17 @@ def _merge_partitions_kernel(
              out.to(out_ptr.dtype.element_ty), mask=mask_d)
 
 
+def decode_tile(target: GPUSpec | None, partition_size: int, group_pad: int, dim_pad: int,
+                element_size: int) -> int:
+    """Tokens per tile: 64 where the partition allows and a block's shared memory holds the queries
+    and tiles of K and V that long (enough work per load to keep memory busy); fewer otherwise."""
+    tiles = [n for n in (64, 32, 16) if partition_size % n == 0]
+    if target is None:
+        return tiles[0]
+    return first_fitting(target, tiles, lambda n: shared_bytes_bound(target, group_pad + 2 * n, dim_pad,
+                                                                     element_size))
+
+
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
                            max_seq_len: int | None = None, partition_size: int = 512, *,
@@ -113,13 +123,13 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     _, block_size, num_kv_heads, _ = k_cache.shape
     if partition_size % block_size:
         raise ValueError(f"partition_size must be a multiple of block_size={block_size}, got {partition_size}")
-    # Tiles of 64 tokens where the partition allows: enough work per load to keep memory busy.
-    tile_n = math.gcd(partition_size, 64)
+    dim_pad = max(16, triton.next_power_of_2(head_dim))
+    group = num_heads // num_kv_heads
+    group_pad = max(16, triton.next_power_of_2(group))
+    tile_n = decode_tile(launch_target(q.device), partition_size, group_pad, dim_pad, q.element_size())
     if max_seq_len is None:
         max_seq_len = int(seq_lens.max())
     num_parts = triton.cdiv(max_seq_len, partition_size)
-    group = num_heads // num_kv_heads
-    dim_pad = max(16, triton.next_power_of_2(head_dim))
     part_out = torch.empty((num_seqs, num_heads, num_parts, head_dim), dtype=torch.float32, device=q.device)
     lse = torch.empty((num_seqs, num_heads, num_parts), dtype=torch.float32, device=q.device)
     check_kv_layout(k_cache, v_cache, k_scales, v_scales)
@@ -129,7 +139,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0), part_out.stride(0), part_out.stride(1), part_out.stride(2),
         lse.stride(0), lse.stride(1),
-        GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim, DIM_PAD=dim_pad,
+        GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim, DIM_PAD=dim_pad,
         BLOCK_SIZE=block_size, PARTITION=partition_size, TILE_N=tile_n,
         PRECISION=dot_precision(q.dtype))
     out = torch.empty_like(q)

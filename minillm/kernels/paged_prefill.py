@@ -13,13 +13,12 @@ and only tiles that straddle it are masked.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
 from minillm.kernels import check_kv_layout, dot_precision
+from minillm.kernels.targets import GPUSpec, first_fitting, launch_target, shared_bytes_bound
 from minillm.kernels.tiles import load_kv_tile, online_softmax_step
 
 
@@ -78,6 +77,18 @@ def _prefill_kernel(
              out.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_d[None, :])
 
 
+def prefill_tiles(target: GPUSpec | None, dim_pad: int, element_size: int) -> tuple[int, int]:
+    """(BLOCK_M, BLOCK_N): 64 x 64 where a block's shared memory holds a tile of queries and tiles of
+    K and V that size, smaller where it does not (a T4 at head dim 128 in fp16 is exactly full).
+    fp32 runs on a GPU for exactness (tests, exercise checks), not speed: it takes 32 x 32 tiles,
+    which fit every GPU and compile in a fraction of the time."""
+    if target is None:
+        return 32, 64  # the interpreter runs each program in Python: fewer, bigger tiles are faster there
+    candidates = [(64, 64), (64, 32), (32, 32), (16, 16)]
+    return first_fitting(target, candidates[2:] if element_size == 4 else candidates,
+                         lambda t: shared_bytes_bound(target, t[0] + 2 * t[1], dim_pad, element_size))
+
+
 def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                             cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor, block_tables: torch.Tensor,
                             scale: float, max_query_len: int | None = None, *, k_scales: torch.Tensor | None = None,
@@ -89,8 +100,8 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     num_seqs = seq_lens.shape[0]
     if max_query_len is None:
         max_query_len = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max())
-    # The interpreter runs each program in Python: fewer, bigger tiles are much faster there.
-    block_m, block_n = (32, 64) if os.environ.get("TRITON_INTERPRET") == "1" else (64, 64)
+    dim_pad = max(16, triton.next_power_of_2(head_dim))
+    block_m, block_n = prefill_tiles(launch_target(q.device), dim_pad, q.element_size())
     out = torch.empty_like(q)
     check_kv_layout(k_cache, v_cache, k_scales, v_scales)
     assert q.stride(2) == 1
@@ -98,6 +109,6 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         q, k_cache, v_cache, k_scales, v_scales, block_tables, cu_seqlens_q, seq_lens, out, scale,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0), out.stride(0), out.stride(1),
-        GROUP=num_heads // num_kv_heads, HEAD_DIM=head_dim, DIM_PAD=max(16, triton.next_power_of_2(head_dim)),
+        GROUP=num_heads // num_kv_heads, HEAD_DIM=head_dim, DIM_PAD=dim_pad,
         BLOCK_SIZE=block_size, BLOCK_M=block_m, BLOCK_N=block_n, PRECISION=dot_precision(q.dtype))
     return out

@@ -11,13 +11,12 @@ sums are added by a second small kernel, in a fixed order, so results do not var
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 
 from minillm.kernels.quant_tiles import load_weight_tile, store_rows
+from minillm.kernels.targets import launch_target
 
 # tl.dot's smallest row tile on the GPU is 16, so up to 16 rows cost one pass over the weights, the
 # same as one row. And at 16 rows a weight still does little arithmetic per byte read (2 * 16 flops
@@ -111,21 +110,16 @@ def _split_k_reduce_kernel(partial_ptr, bias_ptr, out_ptr, N, num_splits, stride
     tl.store(out_ptr + row * stride_om + offs_n, acc.to(out_ptr.dtype.element_ty), mask=mask_n)
 
 
-@functools.cache
-def _num_sms(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
 def _gemv_splits(n_blocks: int, k_tiles: int, rows: int, n: int, weight_bytes: int, device: torch.device,
                  programs_per_sm: int) -> int:
     """Slices of K for the gemv path: enough programs to keep every SM's loads in flight (a
     4096-wide layer in blocks of 64 channels is only 64 programs), but no slice shorter than 2
     tiles, and a buffer of fp32 partial sums no larger than a quarter of the weight bytes (it is
     written, then read back by the reduction, mostly from L2)."""
-    if device.type != "cuda":
+    target = launch_target(device)
+    if target is None:
         return 1  # the interpreter runs programs one after another: slicing only adds work
-    sms = _num_sms(device.index if device.index is not None else torch.cuda.current_device())
-    want = triton.cdiv(programs_per_sm * sms, n_blocks)
+    want = triton.cdiv(programs_per_sm * target.num_sms, n_blocks)
     return max(1, min(want, k_tiles // 2, weight_bytes // (16 * rows * n)))
 
 

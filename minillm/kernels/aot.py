@@ -1,0 +1,203 @@
+"""Compile every kernel launch the engine makes for real GPUs, ahead of time, on a machine with no
+GPU: what Triton's interpreter cannot check (shared memory per block, register spills, what a
+GPU's compiler accepts) is checked here, in CI.
+
+The launchers themselves are called, under `targets.aot_target`, with CPU tensors of each dtype,
+head dim and block size the engine uses; `JITFunction.run` is replaced by a recorder, so nothing
+runs, and each recorded launch is compiled with `triton.compile(..., target=GPUTarget("cuda", cc,
+32))` into PTX and a cubin. A launch fits when its shared memory is within the target's limit;
+registers and spills are ptxas's report, where ptxas ran (a kernel in Triton's cache is not
+compiled again, and has none). Every launch is compiled for one target, and for the
+others those that bound shared memory (compiling one takes seconds: the whole set for five targets
+would take many minutes).
+
+    python -m minillm.kernels.aot                  # every target; exits 1 if a launch does not fit
+    python -m minillm.kernels.aot --cc 75 --json   # one target, machine-readable
+
+Triton's interpreter must be off (TRITON_INTERPRET unset): it replaces the kernels this compiles.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import re
+import sys
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from unittest import mock
+
+import torch
+
+from minillm.kernels.targets import TARGETS, GPUSpec, aot_target
+
+_TYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", torch.int32: "i32",
+          torch.int64: "i64", torch.int8: "i8", torch.uint8: "u8"}
+
+
+@dataclass(frozen=True)
+class Launch:
+    kernel: str
+    signature: tuple[tuple[str, str], ...]  # (argument, Triton type or "constexpr")
+    constexprs: tuple[tuple[str, object], ...]
+    options: tuple[tuple[str, int], ...]  # num_warps, num_stages where the launcher sets them
+
+
+@dataclass
+class Compiled:
+    kernel: str
+    target: str
+    capability: int
+    config: str  # the launch's constexprs and options, readable
+    shared_bytes: int
+    max_shared_bytes: int
+    registers: int | None
+    spilled_bytes: int | None
+
+    @property
+    def fits(self) -> bool:
+        return self.shared_bytes <= self.max_shared_bytes
+
+
+@contextlib.contextmanager
+def record_launches() -> Iterator[list[tuple]]:
+    """Kernel launches are recorded as (JITFunction, args, kwargs) instead of run."""
+    from triton.runtime.jit import JITFunction
+
+    records: list[tuple] = []
+
+    def record(self, *args, grid, warmup=False, **kwargs):
+        records.append((self, args, kwargs))
+
+    with mock.patch.object(JITFunction, "run", record):
+        yield records
+
+
+def _launch(fn, args: tuple, kwargs: dict) -> Launch:
+    kwargs = dict(kwargs)
+    options = tuple((k, kwargs.pop(k)) for k in ("num_warps", "num_stages") if k in kwargs)
+    values = {**dict(zip(fn.arg_names, args)), **kwargs}
+    signature, constexprs = [], []
+    for param in fn.params:
+        value = values[param.name]
+        if param.is_constexpr or value is None:
+            signature.append((param.name, "constexpr"))
+            constexprs.append((param.name, value))
+        elif isinstance(value, torch.Tensor):
+            signature.append((param.name, "*" + _TYPES[value.dtype]))
+        elif isinstance(value, float):
+            signature.append((param.name, "fp32"))
+        else:
+            signature.append((param.name, "i64" if abs(value) >= 2 ** 31 else "i32"))
+    return Launch(fn.__name__, tuple(signature), tuple(constexprs), options)
+
+
+def engine_launches(target: GPUSpec, everything: bool) -> dict[Launch, object]:
+    """The distinct launches the engine makes on `target` -> their JITFunctions. everything: every
+    dtype the target has, head dims 64, 80 and 128, blocks of 16 and 32, the int8 KV cache, and the
+    quantized matmuls at 1 row, a few rows and a prefill's many. Otherwise only the launches that
+    bound shared memory: the kernels that stage tiles (prefill, decode, the matmuls) at head dim 128
+    in fp16 (bf16 takes the same tiles) and fp32; a smaller head dim pads to at most 128."""
+    from minillm.kernels.paged_decode import paged_decode_attention
+    from minillm.kernels.paged_prefill import paged_prefill_attention
+    from minillm.kernels.quant_matmul import int4_matmul, int8_matmul
+    from minillm.kernels.random_inputs import paged_batch
+    from minillm.kernels.store_kv import store_kvcache
+    from minillm.quant.int4 import quantize_int4
+    from minillm.quant.int8 import quantize_int8
+
+    dtypes = [torch.float16, torch.float32] + ([torch.bfloat16] if everything and target.capability >= 80 else [])
+    attention = [(dtype, 128, 16, False) for dtype in dtypes]
+    if everything:
+        attention += [(torch.float16, 64, 16, False), (torch.float16, 80, 16, False),
+                      (torch.float16, 128, 32, False), (torch.float16, 128, 16, True)]
+    with aot_target(target), record_launches() as records:
+        for dtype, head_dim, block_size, int8_kv in attention:
+            k_cache, v_cache, tables, lens = paged_batch([100, 30], 2, head_dim, block_size, dtype, 0, "cpu")
+            scales = {}
+            if int8_kv:
+                k_cache, v_cache = k_cache.to(torch.int8), v_cache.to(torch.int8)
+                scales = {name: torch.ones(k_cache.shape[:-1]) for name in ("k_scales", "v_scales")}
+            q = torch.randn(130, 8, head_dim).to(dtype)
+            cu = torch.tensor([0, 100, 130], dtype=torch.int32)
+            paged_prefill_attention(q, k_cache, v_cache, cu, lens, tables, 0.1, max_query_len=100, **scales)
+            paged_decode_attention(q[:2], k_cache, v_cache, tables, lens, 0.1, max_seq_len=4096, **scales)
+            store_kvcache(q[:3, :2], q[:3, :2], k_cache, v_cache, torch.tensor([1, 2, 3], dtype=torch.int32),
+                          **scales)
+        for dtype in dtypes[:2]:
+            weight = torch.randn(4096, 4096).to(dtype)
+            int8_args, int4_args = quantize_int8(weight), (*quantize_int4(weight, 128), 128)
+            for rows in (1, 4, 64):
+                x = torch.randn(rows, 4096).to(dtype)
+                int8_matmul(x, *int8_args)
+                int4_matmul(x, *int4_args)
+    launches = {_launch(fn, args, kwargs): fn for fn, args, kwargs in records}
+    if everything:
+        return launches
+    return {launch: fn for launch, fn in launches.items() if launch.kernel in TILED_KERNELS}
+
+
+# The kernels whose tiles live in shared memory; the others (KV store, split-K and split-KV
+# reductions, the single-row gemv) use a few hundred bytes of it at most.
+TILED_KERNELS = ("_prefill_kernel", "_decode_partition_kernel", "_gemv_kernel", "_gemm_kernel")
+
+
+def compile_launch(fn, launch: Launch, target: GPUSpec) -> Compiled:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from triton.knobs import nvidia
+
+    index = {name: i for i, name in enumerate(fn.arg_names)}
+    source = ASTSource(fn, dict(launch.signature), {(index[k],): v for k, v in launch.constexprs})
+    log = io.StringIO()
+    # Triton runs ptxas with -v; its report (registers, spills) is printed when asked for.
+    with mock.patch.object(nvidia, "dump_ptxas_log", True), contextlib.redirect_stdout(log):
+        kernel = triton.compile(source, target=GPUTarget("cuda", target.capability, 32),
+                                options=dict(launch.options))
+    registers = re.search(r"Used (\d+) registers", log.getvalue())
+    spills = [int(n) for n in re.findall(r"(\d+) bytes spill stores", log.getvalue())]
+    config = ", ".join(f"{k}={v}" for k, v in launch.constexprs + launch.options
+                       if k.isupper() or k.startswith("num_"))
+    types = sorted({t for _, t in launch.signature if t.startswith("*f") or t.startswith("*b")})
+    return Compiled(launch.kernel, target.name, target.capability, f"{'/'.join(types)} {config}",
+                    kernel.metadata.shared, target.max_shared_bytes,
+                    int(registers.group(1)) if registers else None, max(spills) if spills else None)
+
+
+def check(capabilities: list[int], everything: int | None = 80) -> list[Compiled]:
+    """Compile the engine's launches for each target: all of them for the `everything` target, the
+    shared-memory-bounding ones for the rest."""
+    results = []
+    for capability in capabilities:
+        target = TARGETS[capability]
+        for launch, fn in engine_launches(target, capability == everything).items():
+            results.append(compile_launch(fn, launch, target))
+    return results
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cc", type=int, nargs="+", default=sorted(TARGETS), choices=sorted(TARGETS))
+    parser.add_argument("--everything", type=int, default=80, choices=sorted(TARGETS),
+                        help="the target for which every launch is compiled (the others: the bounding ones)")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        sys.exit("minillm.kernels.aot compiles for GPUs: unset TRITON_INTERPRET")
+    results = check(args.cc, args.everything)
+    if args.json:
+        print(json.dumps([asdict(r) | {"fits": r.fits} for r in results]))
+    else:
+        for r in results:
+            usage = "cached" if r.registers is None else f"{r.registers} registers, {r.spilled_bytes or 0} spilled"
+            print(f"{r.target:<9} {r.kernel:<26} {r.shared_bytes:>7} / {r.max_shared_bytes:<7} shared bytes  "
+                  f"{usage:<26} {'ok' if r.fits else 'DOES NOT FIT'}  {r.config}")
+    sys.exit(0 if all(r.fits for r in results) else 1)
+
+
+if __name__ == "__main__":
+    main()

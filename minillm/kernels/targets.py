@@ -1,0 +1,87 @@
+"""What a kernel launcher needs to know of the GPU it launches on, so that its tile sizes fit it.
+
+Triton's interpreter checks none of this: a tile that needs more shared memory than a block may
+have compiles and runs on the CPU, and fails to launch on the GPU. A T4 (Colab's GPU) allows 64 KiB
+per block, an RTX 30/40 or an L4 99 KiB, an A100 163 KiB, an H100 227 KiB. `kernels/aot.py` compiles
+every launch the engine makes for each of them, ahead of time, on a machine with no GPU; there the
+target is one of `TARGETS`, set with `aot_target`. Everywhere else it is the device's own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class GPUSpec:
+    name: str
+    capability: int  # major * 10 + minor, as Triton names targets: 75 is sm_75
+    num_sms: int
+    max_shared_bytes: int  # per block, with the opt-in that Triton uses
+
+
+# One GPU of each architecture the course meets (NVIDIA's CUDA programming guide, table of
+# compute capabilities: shared memory per block).
+TARGETS = {t.capability: t for t in (
+    GPUSpec("T4", 75, 40, 64 << 10),
+    GPUSpec("A100", 80, 108, 163 << 10),
+    GPUSpec("RTX 3090", 86, 82, 99 << 10),
+    GPUSpec("L4", 89, 58, 99 << 10),
+    GPUSpec("H100", 90, 132, 227 << 10),
+)}
+
+_aot: GPUSpec | None = None
+
+
+@contextlib.contextmanager
+def aot_target(target: GPUSpec) -> Iterator[None]:
+    """Launchers size their tiles for `target` rather than for the device their tensors are on."""
+    global _aot
+    previous, _aot = _aot, target
+    try:
+        yield
+    finally:
+        _aot = previous
+
+
+def launch_target(device: torch.device) -> GPUSpec | None:
+    """The GPU a launch is for; None in Triton's interpreter (a CPU tensor outside `aot_target`)."""
+    if _aot is not None:
+        return _aot
+    if device.type != "cuda":
+        return None
+    return _device_target(device.index if device.index is not None else torch.cuda.current_device())
+
+
+_device_targets: dict[int, GPUSpec] = {}
+
+
+def _device_target(index: int) -> GPUSpec:
+    if index not in _device_targets:
+        import triton
+
+        props = torch.cuda.get_device_properties(index)
+        shared = triton.runtime.driver.active.utils.get_device_properties(index)["max_shared_mem"]
+        _device_targets[index] = GPUSpec(props.name, props.major * 10 + props.minor, props.multi_processor_count,
+                                           shared)
+    return _device_targets[index]
+
+
+def shared_bytes_bound(target: GPUSpec, rows: int, width: int, element_size: int) -> int:
+    """An upper bound on the shared memory of a kernel that stages `rows` rows of `width` elements
+    (its tiles of q, K and V): Triton adds scratch for layout conversions, up to a third more on
+    sm_75 and a fifth more after, as measured on the compiled kernels (`aot.py` checks the bound)."""
+    return int(rows * width * element_size * (4 / 3 if target.capability < 80 else 1.2))
+
+
+def first_fitting(target: GPUSpec, candidates: list, shared_bytes) -> object:
+    """The first candidate tile whose shared memory, `shared_bytes(candidate)`, fits a block of `target`."""
+    for candidate in candidates:
+        if shared_bytes(candidate) <= target.max_shared_bytes:
+            return candidate
+    raise ValueError(f"no tile of {candidates} fits the {target.max_shared_bytes} bytes of shared memory a block "
+                     f"may have on a {target.name}")
