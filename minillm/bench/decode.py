@@ -33,9 +33,9 @@ PREFILL_COLUMNS = [("tokens", "prompt tokens"), ("ms", "ms (time to first token)
 
 
 def weight_bytes(model: torch.nn.Module) -> tuple[int, int]:
-    """(bytes a decode step reads of the weights, flops per token of the linear layers / 2): every
-    linear weight and the output head once; of an embedding table not tied to the head, only the
-    step's rows (counted as nothing)."""
+    """(bytes of weights a decode step reads, weights of the linear layers and the output head, each
+    2 flops per token): every linear weight and the head once; of an embedding table not tied to
+    the head, only the step's rows (counted as nothing)."""
     embed = model.model.embed_tokens.weight
     total = sum(t.numel() * t.element_size() for t in model.state_dict().values())
     read = total if model.lm_head is None else total - embed.numel() * embed.element_size()
