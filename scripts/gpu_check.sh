@@ -3,7 +3,7 @@
 # summary.md in OUTDIR. Runs from a checkout with no install (the repo goes on PYTHONPATH), offline,
 # on a machine with torch, triton, transformers, safetensors, tokenizers, pytest and hypothesis.
 #
-#   scripts/gpu_check.sh OUTDIR            # on a CUDA machine: about 7 minutes on one H100
+#   scripts/gpu_check.sh OUTDIR            # on a CUDA machine: about 6 minutes on one H100
 #   scripts/gpu_check.sh OUTDIR --dry-run  # anywhere: checks the wiring, every step skipped
 #   GPU_CHECK_STEPS="tests attention" scripts/gpu_check.sh OUTDIR   # a subset, to fit a time slot
 set -uo pipefail
