@@ -21,6 +21,8 @@ from __future__ import annotations
 import bisect
 import functools
 import time
+from collections.abc import Callable
+from typing import TypeVar
 
 import torch
 
@@ -29,12 +31,28 @@ from minillm.logger import init_logger
 from minillm.models.llama import LlamaForCausalLM
 
 logger = init_logger(__name__)
+T = TypeVar("T")
 
 
 def capture_sizes(max_num_seqs: int) -> list[int]:
     """1, 2, 4, 8, then steps of 16, up to max_num_seqs (itself included)."""
     sizes = [s for s in [1, 2, 4, 8, *range(16, max_num_seqs + 1, 16)] if s <= max_num_seqs]
     return sizes if sizes[-1] == max_num_seqs else [*sizes, max_num_seqs]
+
+
+def capture_graph(fn: Callable[[], T], pool=None) -> tuple[torch.cuda.CUDAGraph, T]:
+    """fn's launches recorded in a CUDA graph (its memory from `pool`, if given), and what fn returned,
+    which each replay overwrites. A warm-up run first compiles the kernels and lets libraries
+    allocate their workspaces outside the capture; on a side stream, as torch's documentation asks."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        out = fn()
+    return graph, out
 
 
 class DecodeGraphs:
@@ -65,11 +83,12 @@ class DecodeGraphs:
     @torch.inference_mode()
     def run(self, input_ids: list[int], positions: list[int], slots: list[int], block_tables: list[list[int]],
             seq_lens: list[int]) -> torch.Tensor:
-        """One decode step of len(input_ids) <= max_batch_size sequences -> logits [n, vocab]."""
+        """One decode step of len(input_ids) <= max_batch_size sequences -> logits [n, vocab];
+        block_tables padded to one width."""
         n = len(input_ids)
         size = self.sizes[bisect.bisect_left(self.sizes, n)]
-        width = max(len(t) for t in block_tables)
-        tables = torch.tensor([t + [0] * (width - len(t)) for t in block_tables], dtype=torch.int32)
+        tables = torch.tensor(block_tables, dtype=torch.int32)
+        width = tables.shape[1]
         self.input_ids[:n].copy_(torch.tensor(input_ids), non_blocking=True)
         self.positions[:n].copy_(torch.tensor(positions), non_blocking=True)
         self.slot_mapping[:n].copy_(torch.tensor(slots, dtype=torch.int32), non_blocking=True)
@@ -100,16 +119,7 @@ class DecodeGraphs:
         pool = None
         # Largest first: the smaller graphs then fit in the memory pool the largest one left.
         for size in reversed(self.sizes):
-            # A warm-up run compiles the kernels and lets libraries allocate their workspaces, outside
-            # the capture; on a side stream, as the CUDA-graph documentation of torch asks.
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                self._forward(size)
-            torch.cuda.current_stream().wait_stream(stream)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                self.logits[size] = self._forward(size)
+            graph, self.logits[size] = capture_graph(functools.partial(self._forward, size), pool)
             pool = graph.pool()
             self.graphs[size] = graph
         torch.cuda.synchronize()

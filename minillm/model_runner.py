@@ -72,19 +72,19 @@ class ModelRunner:
 
     def _paged_inputs(self, batch: ScheduledBatch, start_pos: list[int]
                       ) -> tuple[list[int], list[list[int]], list[int]]:
-        """Slot of every new token, each sequence's block table and its length after the step."""
+        """Slot of every new token, each sequence's block table (padded with block 0 to the longest)
+        and its length after the step."""
         block_size = self.kv_cache.block_size
         slots: list[int] = []
         for seq, n, start in zip(batch.seqs, batch.num_new_tokens, start_pos):
             table = seq.block_table
             slots += (table[p // block_size] * block_size + p % block_size for p in range(start, start + n))
         seq_lens = [start + n for start, n in zip(start_pos, batch.num_new_tokens)]
-        return slots, [seq.block_table for seq in batch.seqs], seq_lens
+        width = max(len(seq.block_table) for seq in batch.seqs)
+        return slots, [seq.block_table + [0] * (width - len(seq.block_table)) for seq in batch.seqs], seq_lens
 
     def _add_paged_metadata(self, metadata: AttentionMetadata, batch: ScheduledBatch) -> None:
-        slots, block_tables, seq_lens = self._paged_inputs(batch, metadata.start_pos)
-        width = max(len(table) for table in block_tables)
-        tables = [table + [0] * (width - len(table)) for table in block_tables]
+        slots, tables, seq_lens = self._paged_inputs(batch, metadata.start_pos)
 
         def tensor(values) -> torch.Tensor:
             return torch.tensor(values, dtype=torch.int32, device=self.device)

@@ -14,6 +14,8 @@ from collections.abc import Callable
 
 import torch
 
+from minillm.cuda_graph import capture_graph
+
 L2_DEFEAT_BYTES = 256 << 20  # more than any GPU's L2 cache
 
 
@@ -24,16 +26,7 @@ def num_copies(nbytes: int) -> int:
 
 def graph_time(calls: list[Callable[[], object]], repeats: int = 10) -> float:
     """Median GPU seconds per call of `calls`, captured once in one CUDA graph and replayed."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):  # warm-up: compiles kernels and allocates outside the capture
-        for call in calls:
-            call()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for call in calls:
-            call()
+    graph, _ = capture_graph(lambda: [call() for call in calls])
     graph.replay()
     times = []
     for _ in range(repeats):
