@@ -1,4 +1,4 @@
-"""The `minillm` command: generate, quantize, env, bench, eval."""
+"""The `minillm` command: generate, quantize, env, bench (see bench/cli.py), eval."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import json
 import sys
 from pathlib import Path
 
-from minillm.quant import INT4_GROUP_SIZES, QUANTIZATION_METHODS
+from minillm.bench.cli import add_bench_commands
+from minillm.quant import QUANTIZATION_METHODS
 
 
 def _generate(args) -> None:
@@ -29,7 +30,7 @@ def _quantize(args) -> None:
     from minillm import LLM
     from minillm.config import ModelConfig
     from minillm.loader import resolve_model_path
-    from minillm.quant.checkpoint import save_quantized
+    from minillm.quant_checkpoint import save_quantized
 
     # "auto" keeps the checkpoint's dtype (on a CPU the engine's auto would be float32).
     dtype = args.dtype
@@ -37,7 +38,7 @@ def _quantize(args) -> None:
         dtype = ModelConfig.from_dir(resolve_model_path(args.model)).checkpoint_dtype.removeprefix("torch.")
     llm = LLM(args.model, device=args.device, dtype=dtype, quantization=args.quantization,
               quant_group_size=args.group_size, skip_tokenizer_init=True)
-    print(f"wrote {save_quantized(llm, args.output)}")
+    print(f"wrote {save_quantized(llm.llm_engine.model, llm.llm_engine.model_path, args.output)}")
 
 
 def _env(args) -> None:
@@ -45,102 +46,6 @@ def _env(args) -> None:
 
     info = collect_env()
     print(json.dumps(info, indent=2) if args.json else format_env(info))
-
-
-def _bench_kv_cache(args) -> None:
-    from minillm.bench.kv_cache import COLUMNS, bench_kv_cache
-    from minillm.bench.report import format_table, write_json
-
-    rows, summary = bench_kv_cache(args.model, tuple(args.lengths), args.decode_tokens,
-                                   device=args.device, dtype=args.dtype)
-    print(format_table(rows, COLUMNS))
-    print(json.dumps(summary))
-    config = {"model": args.model, "lengths": args.lengths, "decode_tokens": args.decode_tokens,
-              "device": args.device, "dtype": args.dtype}
-    write_json(args.out, "kv-cache", config, rows, summary)
-    print(f"wrote {args.out}")
-
-
-def _bench_config(args) -> dict:
-    """The benchmark's arguments as they go into its JSON: what was measured, not where it went."""
-    return {k: v for k, v in vars(args).items() if k not in ("func", "out", "command", "benchmark")}
-
-
-def _bench_paged(args) -> None:
-    from minillm.bench.paged import MEMORY_COLUMNS, PREFIX_COLUMNS, bench_memory, bench_prefix_cache
-    from minillm.bench.report import format_table, write_json
-
-    engine_args = {"device": args.device, "dtype": args.dtype}
-    memory_rows, memory = bench_memory(args.model, args.num_requests, args.max_tokens, args.budget_blocks,
-                                       args.block_size, args.seed, **engine_args)
-    print(format_table(memory_rows, MEMORY_COLUMNS))
-    print(json.dumps(memory))
-    prefix_rows, prefix = bench_prefix_cache(args.model, args.prefix_requests, args.prefix_len, 16, args.seed,
-                                             **engine_args)
-    print(format_table(prefix_rows, PREFIX_COLUMNS))
-    print(json.dumps(prefix))
-    config = _bench_config(args)
-    write_json(args.out, "paged", config, memory_rows + prefix_rows, {"memory": memory, "prefix_cache": prefix})
-    print(f"wrote {args.out}")
-
-
-def _bench_throughput(args) -> None:
-    from minillm.bench.report import format_table, write_json
-    from minillm.bench.throughput import COLUMNS, bench_throughput
-
-    rows, summary = bench_throughput(args.model, args.num_requests, args.batch_size, args.max_prompt,
-                                     args.max_output, args.seed, device=args.device, dtype=args.dtype)
-    print(format_table(rows, COLUMNS))
-    print(json.dumps(summary))
-    config = _bench_config(args)
-    write_json(args.out, "throughput", config, rows, summary)
-    print(f"wrote {args.out}")
-
-
-def _bench_attention(args) -> None:
-    from minillm.bench.attention import DECODE_COLUMNS, PREFILL_COLUMNS, bench_attention
-    from minillm.bench.report import format_table, write_json
-
-    decode, prefill, summary = bench_attention(batch=args.batch)
-    print(format_table(decode, DECODE_COLUMNS))
-    print(format_table(prefill, PREFILL_COLUMNS))
-    print(json.dumps(summary))
-    write_json(args.out, "attention", {"batch": args.batch}, decode + prefill, summary)
-    print(f"wrote {args.out}")
-
-
-def _bench_decode(args) -> None:
-    from minillm.bench.decode import DECODE_COLUMNS, PREFILL_COLUMNS, bench_decode
-    from minillm.bench.report import format_table, write_json
-
-    decode, prefill, summary = bench_decode(args.model, tuple(args.batches), args.context, args.steps,
-                                            tuple(args.prefill_lens), device=args.device, dtype=args.dtype)
-    print(format_table(decode, DECODE_COLUMNS))
-    if prefill:
-        print(format_table(prefill, PREFILL_COLUMNS))
-    print(json.dumps(summary))
-    write_json(args.out, "decode", _bench_config(args), decode + prefill, summary)
-    print(f"wrote {args.out}")
-
-
-def _bench_quant(args) -> None:
-    from minillm.bench.quant import KV_COLUMNS, WEIGHT_COLUMNS, bench_quant
-    from minillm.bench.report import format_table, write_json
-
-    weights, kv, matmuls, summary = bench_quant(
-        args.model, args.text, tuple(args.group_sizes), window=args.window, num_prompts=args.num_prompts,
-        num_tokens=args.num_tokens, max_eval_tokens=args.max_eval_tokens, device=args.device, dtype=args.dtype)
-    print(format_table(weights, WEIGHT_COLUMNS))
-    print(format_table(kv, KV_COLUMNS))
-    if matmuls:
-        from minillm.bench.quant_matmul import COLUMNS
-
-        print(format_table(matmuls, COLUMNS))
-    else:
-        print("(no CUDA device: the matmul kernels are timed only on a GPU)")
-    print(json.dumps(summary))
-    write_json(args.out, "quant", _bench_config(args), weights + kv + matmuls, summary)
-    print(f"wrote {args.out}")
 
 
 def _eval_perplexity(args) -> None:
@@ -222,52 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
     env.add_argument("--json", action="store_true")
     env.set_defaults(func=_env)
 
-    bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="benchmark", required=True)
-
-    def bench_command(name, help, func, *, model=True):
-        """A benchmark's subcommand: the model arguments (unless it makes its own inputs), and --out."""
-        p = bench.add_parser(name, help=help)
-        if model:
-            model_args(p)
-        p.add_argument("--out", type=Path, default=Path(f"bench-results/{name}.json"))
-        p.set_defaults(func=func)
-        return p
-
-    kv = bench_command("kv-cache", "decode tokens/s with and without the KV cache", _bench_kv_cache)
-    kv.add_argument("--lengths", type=int, nargs="+", default=[64, 128, 256, 512, 1024])
-    kv.add_argument("--decode-tokens", type=int, default=32)
-    paged = bench_command("paged", "paged against contiguous KV memory, and prefix caching", _bench_paged)
-    paged.add_argument("--num-requests", type=int, default=48)
-    paged.add_argument("--max-tokens", type=int, default=1024, help="the cap each request sets")
-    paged.add_argument("--block-size", type=int, default=16)
-    paged.add_argument("--budget-blocks", type=int, default=256, help="the fixed KV budget, in blocks")
-    paged.add_argument("--prefix-requests", type=int, default=32)
-    paged.add_argument("--prefix-len", type=int, default=256)
-    paged.add_argument("--seed", type=int, default=0)
-    tput = bench_command("throughput", "continuous against static batching and transformers generate",
-                         _bench_throughput)
-    tput.add_argument("--num-requests", type=int, default=64)
-    tput.add_argument("--batch-size", type=int, default=16, help="requests served at once (max_num_seqs)")
-    tput.add_argument("--max-prompt", type=int, default=512)
-    tput.add_argument("--max-output", type=int, default=512)
-    tput.add_argument("--seed", type=int, default=0)
-    attn = bench_command("attention", "Triton attention kernels against memory bandwidth and SDPA (CUDA)",
-                         _bench_attention, model=False)
-    attn.add_argument("--batch", type=int, default=8)
-    dec = bench_command("decode", "the roofline of a step: decode at rising batch sizes (eager and CUDA graphs) "
-                        "and prefill, against the measured copy bandwidth and matmul peak", _bench_decode)
-    dec.add_argument("--batches", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64, 128, 256])
-    dec.add_argument("--context", type=int, default=512, help="tokens already in each sequence's cache")
-    dec.add_argument("--steps", type=int, default=10, help="decode steps timed per batch size")
-    dec.add_argument("--prefill-lens", type=int, nargs="*", default=[128, 512, 2048, 8192])
-    quant_bench = bench_command("quant", "weight bytes, perplexity and tokens/s of each quantization scheme, the "
-                                "int8 KV cache, and (CUDA) the matmul kernels against fp16", _bench_quant)
-    text_arg(quant_bench)
-    quant_bench.add_argument("--group-sizes", type=int, nargs="+", default=list(INT4_GROUP_SIZES))
-    quant_bench.add_argument("--window", type=int, default=512)
-    quant_bench.add_argument("--max-eval-tokens", type=int, default=None, help="cut the held-out text")
-    quant_bench.add_argument("--num-prompts", type=int, default=32)
-    quant_bench.add_argument("--num-tokens", type=int, default=32)
+    add_bench_commands(sub, model_args, text_arg)
 
     ev = sub.add_parser("eval", help="model quality").add_subparsers(dest="evaluation", required=True)
     ppl = ev.add_parser("perplexity", help="perplexity on held-out text")

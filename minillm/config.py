@@ -46,7 +46,7 @@ class ModelConfig:
     checkpoint_dtype: str = "float32"
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
-    # A checkpoint saved by minillm.quant.checkpoint.save_quantized holds its decoder already quantized.
+    # A checkpoint saved by minillm.quant_checkpoint.save_quantized holds its decoder already quantized.
     quantization: str | None = None
     quant_group_size: int | None = None
 
@@ -124,7 +124,7 @@ class ModelConfig:
 
 
 def _read_quantization(raw: dict, source: str) -> tuple[str | None, int | None]:
-    """minillm's own `quantization_config` (see quant/checkpoint.py); other formats (GPTQ, AWQ, ...)
+    """minillm's own `quantization_config` (see quant_checkpoint.py); other formats (GPTQ, AWQ, ...)
     pack their weights differently and are refused rather than misread."""
     qc = raw.get("quantization_config")
     if qc is None:

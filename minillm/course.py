@@ -15,8 +15,8 @@ from pathlib import Path
 
 import torch
 
-from minillm import __version__
 from minillm.device import default_device
+from minillm.version import __version__
 
 # Where Colab installs the course from: a release tag, never a moving branch, so that a notebook
 # always runs against the engine version it was written for.

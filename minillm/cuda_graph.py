@@ -6,8 +6,8 @@ each, and the CPU needs tens of microseconds of Python to issue each one: the GP
 A CUDA graph records the launches of one step once and replays them all with a single call.
 
 A graph replays fixed shapes at fixed addresses. So the step's inputs are copied into buffers
-allocated once, sized for the largest batch, and a graph is captured for each of a few batch sizes
-(`capture_sizes`); a batch of n sequences replays the smallest one that holds it, padded. Padding
+allocated once (input_buffers.py), sized for the largest batch, and a graph is captured for each
+of a few batch sizes (`capture_sizes`); a batch of n sequences replays the smallest one that holds it, padded. Padding
 rows are harmless: slot -1 (their K and V are not stored) and length 0 (they attend to nothing,
 and the decode kernel gives them zeros). The attention kernel is captured for max_model_len, its
 partitions past a sequence's length returning at once. Only pure decode steps are replayed;
@@ -18,7 +18,6 @@ Without `capture`, the same padded buffers run eagerly: that is how a CPU tests 
 
 from __future__ import annotations
 
-import bisect
 import functools
 import time
 from collections.abc import Callable
@@ -26,9 +25,7 @@ from typing import TypeVar
 
 import torch
 
-from minillm.attention import AttentionBackend, AttentionMetadata
 from minillm.logger import init_logger
-from minillm.models.llama import LlamaForCausalLM
 
 logger = init_logger(__name__)
 T = TypeVar("T")
@@ -56,19 +53,10 @@ def capture_graph(fn: Callable[[], T], pool=None) -> tuple[torch.cuda.CUDAGraph,
 
 
 class DecodeGraphs:
-    def __init__(self, model: LlamaForCausalLM, attn_backend: AttentionBackend, max_num_seqs: int,
-                 max_model_len: int, block_size: int, device: torch.device, capture: bool = True) -> None:
-        self.model = model
-        self.attn_backend = attn_backend
-        self.max_model_len = max_model_len
-        self.sizes = capture_sizes(max_num_seqs)
-        n, blocks = self.sizes[-1], -(-max_model_len // block_size)
-        self.input_ids = torch.zeros(n, dtype=torch.long, device=device)
-        self.positions = torch.zeros(n, dtype=torch.long, device=device)
-        self.slot_mapping = torch.full((n,), -1, dtype=torch.int32, device=device)
-        self.block_tables = torch.zeros((n, blocks), dtype=torch.int32, device=device)
-        self.seq_lens = torch.zeros(n, dtype=torch.int32, device=device)
-        self.cu_seqlens_q = torch.arange(n + 1, dtype=torch.int32, device=device)
+    def __init__(self, forward: Callable[[int], torch.Tensor], sizes: list[int], capture: bool = True) -> None:
+        """forward(n): a decode step on the first n rows of the runner's persistent buffers -> logits [n, vocab]."""
+        self.forward = forward
+        self.sizes = sizes
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.logits: dict[int, torch.Tensor] = {}
         self.capture_seconds = 0.0
@@ -76,41 +64,12 @@ class DecodeGraphs:
         if capture:
             self._capture()
 
-    @property
-    def max_batch_size(self) -> int:
-        return self.sizes[-1]
-
-    @torch.inference_mode()
-    def run(self, input_ids: list[int], positions: list[int], slots: list[int], block_tables: list[list[int]],
-            seq_lens: list[int]) -> torch.Tensor:
-        """One decode step of len(input_ids) <= max_batch_size sequences -> logits [n, vocab];
-        block_tables padded to one width."""
-        n = len(input_ids)
-        size = self.sizes[bisect.bisect_left(self.sizes, n)]
-        tables = torch.tensor(block_tables, dtype=torch.int32)
-        width = tables.shape[1]
-        self.input_ids[:n].copy_(torch.tensor(input_ids), non_blocking=True)
-        self.positions[:n].copy_(torch.tensor(positions), non_blocking=True)
-        self.slot_mapping[:n].copy_(torch.tensor(slots, dtype=torch.int32), non_blocking=True)
-        self.slot_mapping[n:size].fill_(-1)
-        self.block_tables[:n, :width].copy_(tables, non_blocking=True)
-        self.seq_lens[:n].copy_(torch.tensor(seq_lens, dtype=torch.int32), non_blocking=True)
-        self.seq_lens[n:size].zero_()
+    def run(self, size: int) -> torch.Tensor:
+        """The step on the first `size` rows of the buffers (one of self.sizes) -> logits [size, vocab]."""
         if size in self.graphs:
             self.graphs[size].replay()
-            return self.logits[size][:n]
-        return self._forward(size)[:n]
-
-    def _forward(self, size: int) -> torch.Tensor:
-        """The model on the first `size` rows of the buffers."""
-        metadata = AttentionMetadata(
-            query_start_loc=list(range(size + 1)), start_pos=[0] * size, slot_mapping=self.slot_mapping[:size],
-            block_tables=self.block_tables[:size], seq_lens=self.seq_lens[:size],
-            cu_seqlens_q=self.cu_seqlens_q[:size + 1], max_query_len=1, max_seq_len=self.max_model_len,
-            num_decodes=size)
-        hidden = self.model(self.input_ids[:size], self.positions[:size],
-                            functools.partial(self.attn_backend.forward, metadata=metadata))
-        return self.model.compute_logits(hidden)
+            return self.logits[size]
+        return self.forward(size)
 
     @torch.inference_mode()
     def _capture(self) -> None:
@@ -119,7 +78,7 @@ class DecodeGraphs:
         pool = None
         # Largest first: the smaller graphs then fit in the memory pool the largest one left.
         for size in reversed(self.sizes):
-            graph, self.logits[size] = capture_graph(functools.partial(self._forward, size), pool)
+            graph, self.logits[size] = capture_graph(functools.partial(self.forward, size), pool)
             pool = graph.pool()
             self.graphs[size] = graph
         torch.cuda.synchronize()

@@ -2,20 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import warnings
 from collections.abc import Callable
 
 import torch
 
-from minillm.attention import ContiguousAttention, NoCacheAttention
-from minillm.attention.paged import PagedAttention
-from minillm.attention.selector import resolve_attention_backend
-from minillm.block_manager import BlockManager
 from minillm.config import ModelConfig
 from minillm.device import device_memory_bytes, resolve_device, resolve_dtype
-from minillm.kv_cache import ContiguousKVCache
-from minillm.kv_pool import KV_CACHE_DTYPES, KVPool, kv_bytes_per_token, resolve_num_kv_blocks
+from minillm.engine_config import EngineConfig, check_checkpoint_quantization, resolve_max_model_len
+from minillm.kernels.ops import resolve_kernel
+from minillm.kv_cache_manager import create_kv_cache_manager
+from minillm.kv_pool import kv_bytes_per_token
 from minillm.loader import load_model, load_tokenizer, resolve_model_path
 from minillm.model_runner import ModelRunner
 from minillm.output_processor import OutputProcessor
@@ -26,87 +25,43 @@ from minillm.scheduler import ScheduledBatch, Scheduler
 from minillm.sequence import Sequence
 from minillm.trace import SeqState, StepEvent, TraceInfo
 
-KV_CACHE_MODES = ("paged", "contiguous", "none")
 PromptType = str | dict
 
 
 class LLMEngine:
-    def __init__(self, model: str, *, dtype: str | torch.dtype = "auto", device: str | None = None,
-                 skip_tokenizer_init: bool = False, max_num_seqs: int = 256, max_num_batched_tokens: int = 2048,
-                 max_model_len: int | None = None, kv_cache: str = "paged", block_size: int = 16,
-                 num_kv_blocks: int | None = None, gpu_memory_utilization: float = 0.9,
-                 enable_prefix_caching: bool = True, attention_backend: str = "auto", seed: int = 0,
-                 quantization: str | None = None, quant_group_size: int = 128, kv_cache_dtype: str = "auto",
-                 enforce_eager: bool = False) -> None:
-        if kv_cache not in KV_CACHE_MODES:
-            raise ValueError(f"kv_cache must be one of {KV_CACHE_MODES}, got {kv_cache!r}")
-        if kv_cache_dtype not in KV_CACHE_DTYPES:
-            raise ValueError(f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {kv_cache_dtype!r}")
-        if kv_cache_dtype != "auto" and kv_cache != "paged":
-            raise ValueError(f"kv_cache_dtype={kv_cache_dtype!r} needs kv_cache='paged', got kv_cache={kv_cache!r}")
-        if isinstance(block_size, bool) or not isinstance(block_size, int) or not (
-                1 <= block_size <= 1024 and block_size & (block_size - 1) == 0):
-            raise ValueError(f"block_size must be a power of two in [1, 1024], got {block_size!r}")
-        if isinstance(max_num_seqs, bool) or not isinstance(max_num_seqs, int) or max_num_seqs < 1:
-            raise ValueError(f"max_num_seqs must be an integer >= 1, got {max_num_seqs!r}")
-        if isinstance(max_num_batched_tokens, bool) or not isinstance(max_num_batched_tokens, int) or \
-                max_num_batched_tokens < 1:
-            raise ValueError(f"max_num_batched_tokens must be an integer >= 1, got {max_num_batched_tokens!r}")
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise ValueError(f"seed must be an integer, got {seed!r}")
-        if not isinstance(enforce_eager, bool):
-            raise ValueError(f"enforce_eager must be True or False, got {enforce_eager!r}")
-        path = resolve_model_path(model)
+    def __init__(self, model: str, **engine_args) -> None:
+        """engine_args: vLLM's names, as listed in `LLM`'s docstring; see engine_config.py."""
+        self.config = config = EngineConfig.from_engine_args(model, **engine_args)
         self.model_name = str(model)
-        self.model_config = config = ModelConfig.from_dir(path)
-        self.max_model_len = _resolve_max_model_len(max_model_len, config)
-        self.device = resolve_device(device)
-        self.dtype = resolve_dtype(dtype, config.checkpoint_dtype, self.device)
-        self.kv_cache_dtype = kv_cache_dtype
-        kernel = resolve_attention_backend(attention_backend, self.device, block_size)
-        if attention_backend == "triton" and kv_cache != "paged":
-            raise ValueError(f"attention_backend='triton' needs kv_cache='paged', got kv_cache={kv_cache!r}")
-        self.tokenizer = None if skip_tokenizer_init else load_tokenizer(path)
-        self.model_path = path
-        if config.quantization is not None and (quantization not in (None, config.quantization) or (
-                quantization == "int4" and quant_group_size != config.quant_group_size)):
-            raise ValueError(
-                f"quantization={quantization!r} (quant_group_size={quant_group_size}) does not match the checkpoint "
-                f"in {path}, which is already quantized as {config.quantization!r}"
-                f"{f' with group size {config.quant_group_size}' if config.quantization == 'int4' else ''}; "
-                "pass quantization=None")
+        self.model_path = path = resolve_model_path(model)
+        self.model_config = model_config = ModelConfig.from_dir(path)
+        self.max_model_len = resolve_max_model_len(config.model.max_model_len, model_config)
+        self.device = resolve_device(config.device.device)
+        self.dtype = resolve_dtype(config.model.dtype, model_config.checkpoint_dtype, self.device)
+        self.kv_cache_dtype = config.cache.kv_cache_dtype
+        kernel = resolve_kernel(config.device.attention_backend, self.device, config.cache.block_size)
+        check_checkpoint_quantization(config.model, model_config, path)
+        self.tokenizer = None if config.model.skip_tokenizer_init else load_tokenizer(path)
         # A quantized checkpoint loads quantized. Its matmuls run on the attention's kernels: Triton's
         # on a GPU, PyTorch's references on a CPU unless Triton's interpreter is asked for.
-        self.model = load_model(path, config, self.dtype, self.device, kernel)
-        if quantization is not None and config.quantization is None:
-            quantize_model(self.model, quantization, quant_group_size, kernel)
-        eos = set(config.eos_token_ids)
+        self.model = load_model(path, model_config, self.dtype, self.device, kernel)
+        if config.model.quantization is not None and model_config.quantization is None:
+            quantize_model(self.model, config.model.quantization, config.model.quant_group_size, kernel)
+        eos = set(model_config.eos_token_ids)
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
             eos.add(self.tokenizer.eos_token_id)
         self.eos_token_ids = frozenset(eos)
-        self.block_manager = None
-        if kv_cache == "none":
-            self.kv_cache, backend = None, NoCacheAttention()
-        else:
-            # Both caches get the same budget, so that they can be compared on equal memory.
-            num_blocks = resolve_num_kv_blocks(
-                num_kv_blocks, gpu_memory_utilization, config=config, block_size=block_size, dtype=self.dtype,
-                device=self.device, max_model_len=self.max_model_len, max_num_seqs=max_num_seqs,
-                kv_cache_dtype=kv_cache_dtype)
-            if kv_cache == "paged":
-                self.kv_cache = KVPool(config, num_blocks, block_size, self.dtype, self.device, kv_cache_dtype)
-                self.block_manager = BlockManager(num_blocks, block_size, enable_prefix_caching)
-                backend = PagedAttention(self.kv_cache, kernel, config.head_dim)
-            else:
-                self.kv_cache = ContiguousKVCache(config, self.dtype, self.device, num_blocks * block_size)
-                backend = ContiguousAttention()
-        self.model_runner = ModelRunner(self.model, backend, self.kv_cache, self.device, seed)
+        self.kv_cache_manager = kv = create_kv_cache_manager(
+            config.cache, model_config, self.dtype, self.device, kernel, self.max_model_len,
+            config.scheduler.max_num_seqs)
+        self.kv_cache, self.block_manager = kv.storage, kv.block_manager
+        self.model_runner = ModelRunner(self.model, kv, config.scheduler, self.max_model_len, self.device,
+                                        config.model.seed)
         # Decode steps replay CUDA graphs, as in vLLM, where the step is made of Triton kernels on a GPU.
-        if not enforce_eager and self.device.type == "cuda" and kernel == "triton" and kv_cache == "paged":
-            self.model_runner.capture_decode_graphs(max_num_seqs, self.max_model_len)
-        self.scheduler = Scheduler(max_num_seqs, max_num_batched_tokens,
-                                   None if self.block_manager else self.kv_cache, self.block_manager)
+        if not config.device.enforce_eager and self.device.type == "cuda" and kernel == "triton":
+            self.model_runner.capture_decode_graphs()
         self.output_processor = OutputProcessor(self.tokenizer)
+        self.scheduler = Scheduler(config.scheduler, kv, self.output_processor.append_token)
         self.step_listeners: list[Callable[[StepEvent], None]] = []  # see trace.py
         self.num_steps = 0
 
@@ -133,24 +88,15 @@ class LLMEngine:
         return self.scheduler.has_unfinished_requests()
 
     def step(self) -> list[RequestOutput]:
-        """One iteration: schedule, run, sample, postprocess."""
+        """One iteration: schedule, run the model, hand its tokens to the scheduler, make outputs."""
         batch = self.scheduler.schedule()
         if not batch.seqs:
             return []
-        sampled = self.model_runner.run(batch)
-        if self.kv_cache is not None:
-            for seq, n in zip(batch.seqs, batch.num_new_tokens):
-                seq.num_computed_tokens += n
-                if self.block_manager is not None:
-                    self.block_manager.cache_full_blocks(seq)
-        sampling = [seq for seq, sample in zip(batch.seqs, batch.do_sample) if sample]
-        outputs = self.output_processor.process(sampling, sampled) if sampling else []
-        states = self._seq_states(batch) if self.step_listeners else None
-        for seq in sampling:
-            if seq.finish_reason is not None:
-                self.scheduler.finish(seq)
-        if states is not None:
-            self._notify(self._step_event(states, batch))
+        before = self._seq_states(batch) if self.step_listeners else None
+        received = self.scheduler.update(batch, self.model_runner.execute_model(batch))
+        outputs = self.output_processor.make_outputs(received)
+        if before is not None:
+            self._notify(self._step_event(batch, before))
         self.num_steps += 1
         return outputs
 
@@ -166,36 +112,32 @@ class LLMEngine:
                               RuntimeWarning, stacklevel=2)
 
     def trace_info(self) -> TraceInfo:
+        kv = self.kv_cache_manager
         return TraceInfo(
             model=self.model_name, device=str(self.device), dtype=str(self.dtype).replace("torch.", ""),
-            kv_cache=self.model_runner.attn_backend.name,
-            kv_bytes_per_token=kv_bytes_per_token(self.model_config, self.dtype, self.kv_cache_dtype),
+            kv_cache=kv.name, kv_bytes_per_token=kv_bytes_per_token(self.model_config, self.dtype, self.kv_cache_dtype),
             device_memory_bytes=device_memory_bytes(self.device), max_model_len=self.max_model_len,
-            max_num_seqs=self.scheduler.max_num_seqs,
-            block_size=self.block_manager.block_size if self.block_manager else 0,
-            num_kv_blocks=self.block_manager.num_blocks if self.block_manager else 0)
+            max_num_seqs=self.scheduler.max_num_seqs, block_size=kv.block_size, num_kv_blocks=kv.num_blocks)
 
-    def _seq_states(self, batch: ScheduledBatch) -> tuple[SeqState, ...]:
+    def _seq_states(self, batch: ScheduledBatch) -> list[SeqState]:
+        """The batch's sequences before the step runs: what it computes of each, and their memory."""
         states = []
         for seq, n in zip(batch.seqs, batch.num_new_tokens):
-            start = seq.num_computed_tokens - n if self.kv_cache is not None else 0  # first position computed
+            start = seq.num_computed_tokens  # the first position computed
             prefill = max(0, min(start + n, seq.num_prompt_tokens) - start)
-            if self.block_manager is not None:
-                reserved = len(seq.block_table) * self.block_manager.block_size
-            else:
-                reserved = seq.max_len if self.kv_cache is not None else 0
             states.append(SeqState(
-                request_id=seq.request_id, prefill_tokens=prefill, decode_tokens=n - prefill,
-                kv_tokens=seq.num_computed_tokens, kv_reserved_tokens=reserved, finish_reason=seq.finish_reason,
-                block_table=tuple(seq.block_table), num_cached_tokens=seq.num_cached_tokens))
-        return tuple(states)
+                request_id=seq.request_id, prefill_tokens=prefill, decode_tokens=n - prefill, kv_tokens=start,
+                kv_reserved_tokens=self.kv_cache_manager.reserved_tokens(seq), block_table=tuple(seq.block_table),
+                num_cached_tokens=seq.num_cached_tokens))
+        return states
 
-    def _step_event(self, states: tuple[SeqState, ...], batch: ScheduledBatch) -> StepEvent:
-        """The step as the widgets see it, once finished sequences have given their blocks back."""
-        blocks = self.block_manager
-        return StepEvent(step=self.num_steps, seqs=states, num_waiting=len(self.scheduler.waiting),
-                         num_free_blocks=blocks.num_free_blocks if blocks else 0,
-                         cached_blocks=tuple(sorted(blocks.cached_block_ids.values())) if blocks else (),
+    def _step_event(self, batch: ScheduledBatch, before: list[SeqState]) -> StepEvent:
+        """The step as the widgets see it, once finished sequences have given their memory back."""
+        kv = self.kv_cache_manager
+        seqs = tuple(dataclasses.replace(state, kv_tokens=seq.num_computed_tokens, finish_reason=seq.finish_reason)
+                     for seq, state in zip(batch.seqs, before))
+        return StepEvent(step=self.num_steps, seqs=seqs, num_waiting=len(self.scheduler.waiting),
+                         num_free_blocks=kv.num_free_blocks, cached_blocks=tuple(sorted(kv.cached_block_ids.values())),
                          preempted=tuple(s.request_id for s in batch.preempted))
 
     def process_prompt(self, prompt: PromptType) -> tuple[str | None, list[int]]:
@@ -231,15 +173,3 @@ class LLMEngine:
             raise ValueError("stop strings need a tokenizer; with skip_tokenizer_init=True use stop_token_ids")
         if params.logprobs is not None and params.logprobs > self.model_config.vocab_size:
             raise ValueError(f"logprobs must be <= vocab_size={self.model_config.vocab_size}, got {params.logprobs}")
-
-
-def _resolve_max_model_len(requested: int | None, config: ModelConfig) -> int:
-    limit = config.max_position_embeddings
-    if config.sliding_window is not None:
-        # minillm implements full attention only; within one window the two are the same thing.
-        limit = min(limit, config.sliding_window)
-    if requested is None:
-        return limit
-    if isinstance(requested, bool) or not isinstance(requested, int) or not 2 <= requested <= limit:
-        raise ValueError(f"max_model_len must be an integer in [2, {limit}] for this model, got {requested!r}")
-    return requested

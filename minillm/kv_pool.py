@@ -68,8 +68,6 @@ def resolve_num_kv_blocks(num_kv_blocks: int | None, gpu_memory_utilization: flo
     """How many blocks the pool gets: `num_kv_blocks` if given, else what fits in
     gpu_memory_utilization of the free memory, capped at what max_num_seqs sequences of
     max_model_len tokens could ever use. Fails if one sequence of max_model_len would not fit."""
-    if not (isinstance(gpu_memory_utilization, (int, float)) and 0 < gpu_memory_utilization <= 1):
-        raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization!r}")
     per_seq = -(-max_model_len // block_size)
     bytes_per_block = block_size * kv_bytes_per_token(config, dtype, kv_cache_dtype)
     if num_kv_blocks is None:
@@ -77,8 +75,6 @@ def resolve_num_kv_blocks(num_kv_blocks: int | None, gpu_memory_utilization: flo
         num_kv_blocks = min(budget // bytes_per_block, per_seq * max_num_seqs)
         source = (f"gpu_memory_utilization={gpu_memory_utilization} of the free memory "
                   f"({budget / 2**20:.0f} MiB)")
-    elif isinstance(num_kv_blocks, bool) or not isinstance(num_kv_blocks, int) or num_kv_blocks < 1:
-        raise ValueError(f"num_kv_blocks must be an integer >= 1 or None, got {num_kv_blocks!r}")
     else:
         source = f"num_kv_blocks={num_kv_blocks}"
     if num_kv_blocks < per_seq:

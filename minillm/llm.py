@@ -24,7 +24,7 @@ class LLM:
         model's dtype, or "int8": K and V quantized with a scale per token and head, paged cache only, about
         half the bytes of fp16); weight-only quantization of the decoder's linear layers: quantization
         (None, "int8" or "int4") and quant_group_size (int4: 32, 64 or 128). A folder written by
-        `minillm quantize` (quant/checkpoint.py) loads already quantized. enforce_eager: False (the
+        `minillm quantize` (quant_checkpoint.py) loads already quantized. enforce_eager: False (the
         default) replays decode steps as CUDA graphs on a GPU with the Triton backend; True runs every
         step eagerly, launch by launch (cuda_graph.py)."""
         self.llm_engine = LLMEngine(model, **engine_args)
@@ -41,11 +41,13 @@ class LLM:
             prompts = [prompts]
         params = _per_prompt(sampling_params, len(prompts))
         engine = self.llm_engine
+        processed = []
         for prompt, p in zip(prompts, params):  # reject bad input before anything is queued
-            engine.process_prompt(prompt)
+            text, token_ids = engine.process_prompt(prompt)
             engine.check_params(p)
+            processed.append({"prompt": text, "prompt_token_ids": token_ids})  # tokenized once
         ids = [self._add(prompt, dataclasses.replace(p, output_kind=RequestOutputKind.FINAL_ONLY))
-               for prompt, p in zip(prompts, params)]
+               for prompt, p in zip(processed, params)]
         pending, finished = set(ids), {}
         # disable is only passed to switch the bar off: passing False would override TQDM_DISABLE.
         quiet = {} if use_tqdm else {"disable": True}

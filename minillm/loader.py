@@ -16,6 +16,7 @@ from safetensors import SafetensorError, safe_open
 from minillm.config import ModelConfig
 from minillm.layers.linear import shard_range
 from minillm.models.llama import LlamaForCausalLM
+from minillm.models.registry import model_class
 from minillm.quant.linear import QuantLinear, quantize_model
 
 ASSETS = Path(__file__).parent / "assets"
@@ -72,7 +73,7 @@ def load_model(path: Path, config: ModelConfig, dtype: torch.dtype, device: torc
     """quant_kernel: the matmul of a quantized checkpoint's layers ("torch" or "triton")."""
     # Built on the meta device (no memory, no random init), then allocated once on the target device.
     with torch.device("meta"):
-        model = LlamaForCausalLM(config).to(dtype)
+        model = model_class(config.architecture)(config).to(dtype)
         if config.quantization is not None:  # a quantized checkpoint: its layers take packed weights
             quantize_model(model, config.quantization, config.quant_group_size or 128, quant_kernel)
     model.to_empty(device=device)

@@ -1,40 +1,71 @@
-"""Runs one scheduled step: flatten the batch, run the model, sample one token for each sequence
-that has computed all its tokens (not for a prompt chunk that leaves some of the prompt for later).
-Pure decode steps replay CUDA graphs where they were captured (cuda_graph.py)."""
+"""Runs one scheduled step in three parts: `prepare` flattens the batch into the runner's persistent
+input buffers, `execute` runs the model and computes logits where tokens are due, `sample` turns
+them into tokens, a list for each sequence. Pure decode steps replay CUDA graphs where they were
+captured (cuda_graph.py)."""
 
 from __future__ import annotations
 
+import bisect
 import functools
+from dataclasses import dataclass
 
 import torch
 
-from minillm.attention import AttentionBackend, AttentionMetadata, NoCacheAttention
-from minillm.cuda_graph import DecodeGraphs
-from minillm.kv_cache import ContiguousKVCache
-from minillm.kv_pool import KVPool
-from minillm.layers.sampler import Sampler, SamplerOutput, SamplingMetadata
+from minillm.attention import AttentionMetadata, NoCacheAttention
+from minillm.cuda_graph import DecodeGraphs, capture_sizes
+from minillm.engine_config import SchedulerConfig
+from minillm.input_buffers import InputBuffers, stage
+from minillm.kv_cache_manager import KVCacheManager
+from minillm.layers.sampler import Sampler, SamplingMetadata
 from minillm.models.llama import LlamaForCausalLM
+from minillm.runner_output import ModelRunnerOutput
 from minillm.scheduler import ScheduledBatch
+from minillm.sequence import Sequence
+
+
+@dataclass
+class ModelInput:
+    input_ids: torch.Tensor  # [tokens]: views of the runner's buffers
+    positions: torch.Tensor
+    metadata: AttentionMetadata
+    # Rows of the model's output that get logits, each sequence's in order; and how many each has.
+    logits_indices: list[int]
+    num_logits: list[int]
+    graph_size: int | None = None  # a decode step replayed by the graph of this many rows
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.num_logits)
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaForCausalLM, attn_backend: AttentionBackend,
-                 kv_cache: ContiguousKVCache | KVPool | None, device: torch.device, seed: int) -> None:
+    def __init__(self, model: LlamaForCausalLM, kv_cache_manager: KVCacheManager, config: SchedulerConfig,
+                 max_model_len: int, device: torch.device, seed: int) -> None:
         self.model = model
-        self.attn_backend = attn_backend
-        self.kv_cache = kv_cache
+        self.kv_cache_manager = kv_cache_manager
+        self.attn_backend = kv_cache_manager.attn_backend
+        self.max_model_len = max_model_len
         self.device = device
         self.sampler = Sampler(torch.Generator(device=device).manual_seed(seed))
+        self.max_num_seqs = config.max_num_seqs
+        # A decode step of max_num_seqs rows must fit too, whatever the token budget.
+        max_tokens = max(config.max_num_batched_tokens, config.max_num_seqs)
+        block_size = kv_cache_manager.block_size
+        self.buffers = InputBuffers(max_tokens, config.max_num_seqs,
+                                    -(-max_model_len // block_size) if block_size else 0, device)
         self.decode_graphs: DecodeGraphs | None = None
 
-    def capture_decode_graphs(self, max_num_seqs: int, max_model_len: int, capture: bool = True) -> None:
+    def capture_decode_graphs(self, capture: bool = True) -> None:
         """Run pure decode steps through CUDA graphs (cuda_graph.py); capture=False runs the same
         padded path eagerly, for tests on a CPU."""
-        self.decode_graphs = DecodeGraphs(self.model, self.attn_backend, max_num_seqs, max_model_len,
-                                          self.kv_cache.block_size, self.device, capture)
+        self.decode_graphs = DecodeGraphs(self._decode_forward, capture_sizes(self.max_num_seqs), capture)
 
     @torch.inference_mode()
-    def run(self, batch: ScheduledBatch) -> SamplerOutput | None:
+    def execute_model(self, batch: ScheduledBatch) -> ModelRunnerOutput:
+        model_input = self.prepare(batch)
+        return self.sample(self.execute(model_input), batch.seqs, model_input)
+
+    def prepare(self, batch: ScheduledBatch) -> ModelInput:
         input_ids: list[int] = []
         positions: list[int] = []
         query_start_loc = [0]
@@ -45,57 +76,54 @@ class ModelRunner:
             positions += range(start, start + n)
             query_start_loc.append(query_start_loc[-1] + n)
             start_pos.append(start)
-        if self._replays(batch):
-            logits = self.decode_graphs.run(input_ids, positions, *self._paged_inputs(batch, start_pos))
-            return self.sampler(logits, SamplingMetadata.from_seqs(batch.seqs, self.device))
+        # Logits at each sampling sequence's last position.
+        num_logits = [int(sample) for sample in batch.do_sample]
+        logits_indices = [end - 1 for end, k in zip(query_start_loc[1:], num_logits) if k]
+        graph_size = self._graph_size(batch)
+        buffers = self.buffers
         metadata = AttentionMetadata(query_start_loc=query_start_loc, start_pos=start_pos)
-        if isinstance(self.kv_cache, ContiguousKVCache):
-            metadata.kv_buffers = [self.kv_cache.buffer(s) for s in batch.seqs]
-        elif isinstance(self.kv_cache, KVPool):
-            self._add_paged_metadata(metadata, batch)
-        hidden = self.model(torch.tensor(input_ids, device=self.device),
-                            torch.tensor(positions, device=self.device),
-                            functools.partial(self.attn_backend.forward, metadata=metadata))
-        # Logits only where a token is sampled: at each sampling sequence's last position.
-        sampling = [(seq, end - 1) for seq, end, sample in zip(batch.seqs, query_start_loc[1:], batch.do_sample)
-                    if sample]
-        if not sampling:
+        self.kv_cache_manager.fill_metadata(metadata, batch.seqs, batch.num_new_tokens, buffers, graph_size)
+        return ModelInput(stage(buffers.input_ids, input_ids, graph_size),
+                          stage(buffers.positions, positions, graph_size), metadata, logits_indices, num_logits,
+                          graph_size)
+
+    def execute(self, model_input: ModelInput) -> torch.Tensor | None:
+        """Logits [rows, vocab] at model_input.logits_indices; None if the step samples nothing."""
+        if model_input.graph_size is not None:
+            return self.decode_graphs.run(model_input.graph_size)[:model_input.num_seqs]
+        hidden = self.model(model_input.input_ids, model_input.positions,
+                            functools.partial(self.attn_backend.forward, metadata=model_input.metadata))
+        if not model_input.logits_indices:
             return None
-        seqs, rows = zip(*sampling)
-        logits = self.model.compute_logits(hidden[torch.tensor(rows, device=self.device)])
-        return self.sampler(logits, SamplingMetadata.from_seqs(list(seqs), self.device))
+        rows = torch.tensor(model_input.logits_indices, device=self.device)
+        return self.model.compute_logits(hidden[rows])
 
-    def _replays(self, batch: ScheduledBatch) -> bool:
-        """Whether the step is one the decode graphs hold: one token per sequence, each sampled."""
-        return (self.decode_graphs is not None and len(batch.seqs) <= self.decode_graphs.max_batch_size
-                and all(n == 1 for n in batch.num_new_tokens) and all(batch.do_sample))
+    def sample(self, logits: torch.Tensor | None, seqs: list[Sequence], model_input: ModelInput) -> ModelRunnerOutput:
+        if logits is None:
+            return ModelRunnerOutput([[] for _ in seqs])
+        row_seqs = [seq for seq, k in zip(seqs, model_input.num_logits) for _ in range(k)]
+        sampled = self.sampler(logits, SamplingMetadata.from_seqs(row_seqs, self.device))
+        tokens, row = [], 0
+        for k in model_input.num_logits:
+            tokens.append(sampled.token_ids[row:row + k])
+            row += k
+        return ModelRunnerOutput(tokens, sampled)
 
-    def _paged_inputs(self, batch: ScheduledBatch, start_pos: list[int]
-                      ) -> tuple[list[int], list[list[int]], list[int]]:
-        """Slot of every new token, each sequence's block table (padded with block 0 to the longest)
-        and its length after the step."""
-        block_size = self.kv_cache.block_size
-        slots: list[int] = []
-        for seq, n, start in zip(batch.seqs, batch.num_new_tokens, start_pos):
-            table = seq.block_table
-            slots += (table[p // block_size] * block_size + p % block_size for p in range(start, start + n))
-        seq_lens = [start + n for start, n in zip(start_pos, batch.num_new_tokens)]
-        width = max(len(seq.block_table) for seq in batch.seqs)
-        return slots, [seq.block_table + [0] * (width - len(seq.block_table)) for seq in batch.seqs], seq_lens
+    def _graph_size(self, batch: ScheduledBatch) -> int | None:
+        """The decode graph a step replays: one token per sequence, each sampled, and few enough."""
+        graphs = self.decode_graphs
+        n = len(batch.seqs)
+        if graphs is None or n > graphs.sizes[-1] or not all(batch.do_sample) or any(
+                k != 1 for k in batch.num_new_tokens):
+            return None
+        return graphs.sizes[bisect.bisect_left(graphs.sizes, n)]
 
-    def _add_paged_metadata(self, metadata: AttentionMetadata, batch: ScheduledBatch) -> None:
-        slots, tables, seq_lens = self._paged_inputs(batch, metadata.start_pos)
-
-        def tensor(values) -> torch.Tensor:
-            return torch.tensor(values, dtype=torch.int32, device=self.device)
-
-        metadata.slot_mapping = tensor(slots)
-        metadata.block_tables = tensor(tables)
-        metadata.seq_lens = tensor(seq_lens)
-        metadata.max_seq_len = max(seq_lens)
-        metadata.cu_seqlens_q = tensor(metadata.query_start_loc)
-        metadata.max_query_len = max(batch.num_new_tokens)
-        metadata.num_decodes = next((i for i, n in enumerate(batch.num_new_tokens) if n > 1), len(batch.seqs))
+    def _decode_forward(self, num_rows: int) -> torch.Tensor:
+        """The model on the first num_rows rows of the buffers, as a pure decode step: logits for each."""
+        metadata = self.kv_cache_manager.decode_metadata(self.buffers, num_rows, self.max_model_len)
+        hidden = self.model(self.buffers.input_ids[:num_rows], self.buffers.positions[:num_rows],
+                            functools.partial(self.attn_backend.forward, metadata=metadata))
+        return self.model.compute_logits(hidden)
 
 
 @torch.inference_mode()

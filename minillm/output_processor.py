@@ -1,4 +1,5 @@
-"""After sampling: append each token, turn tokens into text, decide who has finished.
+"""After sampling: append each token, turn tokens into text, decide where a sequence stops, and
+make the outputs the user sees. The scheduler calls `append_token` for each token a step produced.
 
 Text is produced incrementally. Decoding only the newest token is wrong for byte-level BPE: one
 character can span several tokens (the first tokens of an emoji decode to U+FFFD), and some
@@ -10,35 +11,40 @@ no longer ends in an incomplete character.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
-from minillm.layers.sampler import SamplerOutput
 from minillm.outputs import CompletionOutput, Logprob, RequestOutput
+from minillm.runner_output import SamplerOutput
 from minillm.sampling_params import RequestOutputKind
 from minillm.sequence import Sequence
+
+# (sequence, token, the sampler's rows, the token's row): appends and sets finish_reason if it stops.
+TokenAppender = Callable[[Sequence, int, SamplerOutput | None, int], None]
 
 
 class OutputProcessor:
     def __init__(self, tokenizer) -> None:
         self.tokenizer = tokenizer
 
-    def process(self, seqs: list[Sequence], sampled: SamplerOutput) -> list[RequestOutput]:
+    def append_token(self, seq: Sequence, token: int, sampled: SamplerOutput | None, row: int) -> None:
+        """One generated token into seq: its logprobs, its text, and whether seq stops at it."""
         now = time.time()
-        outputs = []
-        for row, (seq, token) in enumerate(zip(seqs, sampled.token_ids)):
-            seq.token_ids.append(token)
-            if seq.metrics.first_token_time is None:
-                seq.metrics.first_token_time = now
-            seq.metrics.last_token_time = now
-            if seq.logprobs is not None:
-                self._append_logprobs(seq, sampled, row, token)
-            new_chars = self._detokenize(seq) if self._tracks_text(seq) else 0
-            self._check_stop(seq, token, new_chars)
-            if seq.finish_reason is not None:
-                seq.metrics.finished_time = now
-                self._finalize_text(seq)
-            if seq.finish_reason is not None or seq.params.output_kind is RequestOutputKind.CUMULATIVE:
-                outputs.append(self.make_output(seq))
-        return outputs
+        seq.token_ids.append(token)
+        if seq.metrics.first_token_time is None:
+            seq.metrics.first_token_time = now
+        seq.metrics.last_token_time = now
+        if seq.logprobs is not None:
+            self._append_logprobs(seq, sampled, row, token)
+        new_chars = self._detokenize(seq) if self._tracks_text(seq) else 0
+        self._check_stop(seq, token, new_chars)
+        if seq.finish_reason is not None:
+            seq.metrics.finished_time = now
+            self._finalize_text(seq)
+
+    def make_outputs(self, seqs: list[Sequence]) -> list[RequestOutput]:
+        """Outputs for the sequences that received tokens: the finished ones, and every streamed one."""
+        return [self.make_output(seq) for seq in seqs
+                if seq.finish_reason is not None or seq.params.output_kind is RequestOutputKind.CUMULATIVE]
 
     def decode(self, token_ids: list[int], seq: Sequence) -> str:
         # No clean-up of "tokenization spaces": it rewrites " ." to "." and would corrupt code.

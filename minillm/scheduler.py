@@ -20,8 +20,10 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
-from minillm.block_manager import BlockManager
-from minillm.kv_cache import ContiguousKVCache
+from minillm.engine_config import SchedulerConfig
+from minillm.kv_cache_manager import KVCacheManager
+from minillm.output_processor import OutputProcessor, TokenAppender
+from minillm.runner_output import ModelRunnerOutput
 from minillm.sequence import Sequence, SequenceStatus
 
 
@@ -55,14 +57,24 @@ class ScheduledBatch:
 
 
 class Scheduler:
-    def __init__(self, max_num_seqs: int, max_num_batched_tokens: int, kv_cache: ContiguousKVCache | None,
-                 block_manager: BlockManager | None = None) -> None:
-        self.max_num_seqs = max_num_seqs
-        self.max_num_batched_tokens = max_num_batched_tokens
-        self.kv_cache = kv_cache
-        self.block_manager = block_manager
+    def __init__(self, config: SchedulerConfig, kv_cache_manager: KVCacheManager,
+                 append_token: TokenAppender | None = None) -> None:
+        """append_token puts one generated token into a sequence and decides whether it stops there
+        (the engine's output processor; without one, stops are judged on tokens alone, as text needs
+        a tokenizer)."""
+        self.config = config
+        self.kv_cache_manager = kv_cache_manager
+        self.append_token = append_token or OutputProcessor(None).append_token
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+
+    @property
+    def max_num_seqs(self) -> int:
+        return self.config.max_num_seqs
+
+    @property
+    def max_num_batched_tokens(self) -> int:
+        return self.config.max_num_batched_tokens
 
     def add_request(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -79,7 +91,7 @@ class Scheduler:
             if seq.status is not SequenceStatus.RUNNING:  # preempted a moment ago, for an older one
                 continue
             n = self.num_new_tokens(seq, budget)
-            if self.block_manager is not None and not self._reserve(seq, seq.num_computed_tokens + n, batch):
+            if not self._reserve(seq, seq.num_computed_tokens + n, batch):
                 continue
             budget -= batch.add(seq, n)
         self.admit(batch, budget)
@@ -101,43 +113,57 @@ class Scheduler:
 
     def num_new_tokens(self, seq: Sequence, budget: int) -> int:
         """Tokens seq computes this step: all it has not computed yet, at most the budget left."""
-        if self.kv_cache is None and self.block_manager is None:
-            return seq.num_tokens  # nothing is ever cached: every step feeds every token again
-        return min(seq.num_tokens - seq.num_computed_tokens, budget)
+        return self.kv_cache_manager.num_new_tokens(seq, budget)
 
     def allocate(self, seq: Sequence) -> bool:
         """Cache memory for a waiting sequence's tokens, which then counts as running; False (and
         nothing changed) if the cache has no room for it yet."""
-        if self.block_manager is not None:
-            if not self.block_manager.can_allocate(seq):
-                return False
-            hit_tokens = self.block_manager.allocate(seq)
-            if seq.metrics.first_scheduled_time is None:
-                seq.num_cached_tokens = hit_tokens
-        elif self.kv_cache is not None:
-            if not self.kv_cache.can_allocate(seq):
-                return False
-            self.kv_cache.allocate(seq)
+        if not self.kv_cache_manager.can_allocate(seq):
+            return False
+        hit_tokens = self.kv_cache_manager.allocate(seq)
+        if seq.metrics.first_scheduled_time is None:
+            seq.num_cached_tokens = hit_tokens
         seq.status = SequenceStatus.RUNNING
         if seq.metrics.first_scheduled_time is None:
             seq.metrics.first_scheduled_time = time.time()
         return True
 
     def _reserve(self, seq: Sequence, num_tokens: int, batch: ScheduledBatch) -> bool:
-        """Blocks for seq's first num_tokens tokens, preempting the newest sequences until they fit;
-        False if seq itself had to go."""
-        while not self.block_manager.can_append(seq, num_tokens):
+        """Cache room for seq's first num_tokens tokens, preempting the newest sequences until they
+        fit; False if seq itself had to go."""
+        while not self.kv_cache_manager.can_append(seq, num_tokens):
             victim = self.running[-1]
             self.preempt(victim)
             batch.preempted.append(victim)
             if victim is seq:
                 return False
-        self.block_manager.append_slots(seq, num_tokens)
+        self.kv_cache_manager.append(seq, num_tokens)
         return True
+
+    def update(self, batch: ScheduledBatch, output: ModelRunnerOutput) -> list[Sequence]:
+        """A step's aftermath: the cache holds what the step computed (and registers the blocks it
+        filled in the prefix cache), each sequence takes the tokens the step produced for it, one at a
+        time until one stops it, and finished sequences leave and free their memory. Returns the
+        sequences that received tokens, in batch order."""
+        for seq, n in zip(batch.seqs, batch.num_new_tokens):
+            self.kv_cache_manager.mark_computed(seq, n)
+        received = []
+        row = 0  # of the sequence's first token in output.sampler_output
+        for seq, tokens in zip(batch.seqs, output.sampled_token_ids):
+            for i, token in enumerate(tokens):
+                self.append_token(seq, token, output.sampler_output, row + i)
+                if seq.finish_reason is not None:
+                    break  # tokens after a stop are never shown
+            row += len(tokens)
+            if tokens:
+                received.append(seq)
+            if seq.finish_reason is not None:
+                self.finish(seq)
+        return received
 
     def preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
-        self.block_manager.free(seq)
+        self.kv_cache_manager.free(seq)
         seq.num_computed_tokens = 0
         seq.status = SequenceStatus.WAITING
         self.waiting.appendleft(seq)
@@ -147,10 +173,7 @@ class Scheduler:
             self.running.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
-        if self.block_manager is not None:
-            self.block_manager.free(seq)
-        elif self.kv_cache is not None:
-            self.kv_cache.free(seq)
+        self.kv_cache_manager.free(seq)
         seq.status = SequenceStatus.FINISHED
 
     def find(self, request_id: str) -> Sequence | None:

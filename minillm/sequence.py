@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
 
 import torch
 
@@ -17,14 +18,16 @@ class SequenceStatus(enum.Enum):
 
 
 class Sequence:
-    def __init__(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
-                 params: SamplingParams, max_model_len: int, eos_token_ids: frozenset[int],
-                 generator: torch.Generator | None, arrival_time: float) -> None:
+    def __init__(self, request_id: str, prompt: str | None = None, prompt_token_ids: Iterable[int] = (),
+                 params: SamplingParams | None = None, max_model_len: int = 4096,
+                 eos_token_ids: frozenset[int] = frozenset(), generator: torch.Generator | None = None,
+                 arrival_time: float = 0.0) -> None:
+        """The defaults suit a sequence made by hand (tests, the course's exercises); the engine gives all."""
         self.request_id = request_id
         self.prompt = prompt
         self.token_ids = list(prompt_token_ids)
-        self.num_prompt_tokens = len(prompt_token_ids)
-        self.params = params
+        self.num_prompt_tokens = len(self.token_ids)
+        self.params = params = SamplingParams() if params is None else params
         budget = params.max_tokens if params.max_tokens is not None else max_model_len
         # The most tokens (prompt included) this sequence can ever hold: what a contiguous cache reserves.
         self.max_len = min(max_model_len, self.num_prompt_tokens + budget)

@@ -16,7 +16,7 @@ mkdir -p "$OUTDIR"
 OUTDIR=$(cd "$OUTDIR" && pwd)
 PY=${PYTHON:-python3}
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 TQDM_DISABLE=1 PYTHONUNBUFFERED=1
-ALL_STEPS="env tests attention quant model decode throughput"
+ALL_STEPS="env tests attention quant model decode host throughput"
 STEPS=${GPU_CHECK_STEPS:-$ALL_STEPS}
 MODEL_DIR=${GPU_CHECK_MODEL_DIR:-/tmp/minillm-random-llama}
 SUMMARY="$OUTDIR/summary.md"
@@ -69,6 +69,8 @@ step quant 150 $PY -m minillm.cli bench quant --model tiny --device cuda --num-p
 step model 180 $PY scripts/random_llama.py "$MODEL_DIR" --hidden 2048 --layers 22 --heads 32 --kv-heads 4 \
     --intermediate 5632 --vocab 32000
 step decode 240 $PY -m minillm.cli bench decode --model "$MODEL_DIR" --dtype bfloat16 --out "$OUTDIR/decode.json"
+# Host time per step by phase (schedule, prepare, execute, sample, update): what bounds a small model.
+step host 120 $PY -m minillm.cli bench step --device cuda --out "$OUTDIR/step.json"
 step throughput 300 $PY -m minillm.cli bench throughput --model "$MODEL_DIR" --device cuda --dtype bfloat16 \
     --out "$OUTDIR/throughput.json"
 

@@ -11,6 +11,7 @@ import torch
 pytest.importorskip("triton")
 
 from minillm.kernels import random_inputs  # noqa: E402
+from minillm.kernels.ops import load_ops  # noqa: E402
 from minillm.kernels.paged_decode import paged_decode_attention  # noqa: E402
 from minillm.kernels.paged_prefill import paged_prefill_attention  # noqa: E402
 from minillm.kernels.reference import (  # noqa: E402
@@ -154,3 +155,16 @@ def test_decode_rejects_partition_not_multiple_of_block():
     with pytest.raises(ValueError, match="partition_size"):
         paged_decode_attention(torch.zeros(1, 1, 64, device=DEVICE), k_cache, v_cache, tables, lens, 1.0,
                                partition_size=24)
+
+
+def test_load_ops_gives_each_caller_its_own_namespace_of_the_same_ops():
+    torch_ops, triton_ops = load_ops("torch"), load_ops("triton")
+    assert vars(torch_ops).keys() == vars(triton_ops).keys() == {
+        "store_kvcache", "paged_decode_attention", "paged_prefill_attention", "int8_matmul", "int4_matmul"}
+    assert triton_ops.paged_decode_attention is paged_decode_attention
+    assert torch_ops.paged_decode_attention is paged_decode_attention_ref
+    # An exercise swaps an op in one attention backend's namespace; nobody else's changes.
+    torch_ops.paged_decode_attention = None
+    assert load_ops("torch").paged_decode_attention is paged_decode_attention_ref
+    with pytest.raises(ValueError, match=r"kernel must be one of \('torch', 'triton'\), got 'cuda'"):
+        load_ops("cuda")

@@ -10,7 +10,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from minillm import LLM, SamplingParams
-from minillm.config import ModelConfig
+from minillm.config import SUPPORTED_ARCHITECTURES, ModelConfig
+from minillm.models.registry import MODEL_REGISTRY, model_class
 
 
 @pytest.fixture
@@ -27,6 +28,13 @@ def test_unsupported_architecture_is_named(checkpoint_copy):
     (checkpoint_copy / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match="unsupported architecture 'GPT2LMHeadModel'.*LlamaForCausalLM"):
         LLM(str(checkpoint_copy), skip_tokenizer_init=True)
+
+
+def test_every_supported_architecture_has_a_model_class():
+    assert MODEL_REGISTRY.keys() == SUPPORTED_ARCHITECTURES.keys()
+    with pytest.raises(ValueError, match="no model implements architecture 'GPT2LMHeadModel': minillm implements "
+                                         "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM"):
+        model_class("GPT2LMHeadModel")
 
 
 def test_unsupported_rope_scaling_is_named(checkpoint_copy):

@@ -38,6 +38,12 @@ def test_dependencies_and_extras():
         assert any(d.startswith(name) for d in extras["dev"])
 
 
+def test_the_version_has_one_source():
+    # minillm/version.py, which the course setup reads without importing the engine.
+    assert "version" not in PYPROJECT["project"] and "version" in PYPROJECT["project"]["dynamic"]
+    assert PYPROJECT["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "minillm.version.__version__"}
+
+
 def test_environment_yml_installs_from_pyproject():
     text = (ROOT / "environment.yml").read_text()
     assert re.search(r"^\s+- -e \.\[course,dev\]$", text, re.M)

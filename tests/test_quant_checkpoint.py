@@ -11,8 +11,8 @@ from safetensors import safe_open
 
 from minillm import LLM, SamplingParams
 from minillm.cli import main
-from minillm.quant.checkpoint import save_quantized
 from minillm.quant.linear import QuantLinear
+from minillm.quant_checkpoint import save_quantized
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
 PROMPTS = [{"prompt_token_ids": [1, 5, 9, 2, 7]}, {"prompt_token_ids": [3, 3, 8]}]
@@ -34,7 +34,7 @@ def test_round_trip_with_merged_layers_and_biases(hf_checkpoint, tmp_path, metho
     # Biases on q/k/v and the MLP: every quantized tensor of a merged layer is split back by rows.
     _, path = hf_checkpoint("llama_bias")
     llm = LLM(str(path), quantization=method, quant_group_size=group_size, skip_tokenizer_init=True)
-    out = save_quantized(llm, tmp_path / "q")
+    out = save_quantized(llm.llm_engine.model, path, tmp_path / "q")
     with safe_open(str(out / "model.safetensors"), framework="pt") as f:
         names = set(f.keys())
     expected = {"qweight", "scales", "bias"} | ({"zeros"} if method == "int4" else set())
@@ -71,9 +71,9 @@ def test_cli_quantizes_tiny_and_the_folder_loads_with_its_tokenizer(tmp_path, ca
 def test_unquantized_models_other_formats_and_used_folders_are_refused(hf_checkpoint, tmp_path):
     _, path = hf_checkpoint("llama_mha")
     with pytest.raises(ValueError, match="not quantized"):
-        save_quantized(LLM(str(path), skip_tokenizer_init=True), tmp_path / "out")
+        save_quantized(LLM(str(path), skip_tokenizer_init=True).llm_engine.model, path, tmp_path / "out")
     with pytest.raises(ValueError, match="already holds a model"):
-        save_quantized(LLM(str(path), quantization="int8", skip_tokenizer_init=True), path)
+        save_quantized(LLM(str(path), quantization="int8", skip_tokenizer_init=True).llm_engine.model, path, path)
     gptq = tmp_path / "gptq"
     gptq.mkdir()
     for file in path.iterdir():

@@ -4,33 +4,17 @@ then attends by reading each sequence's blocks through its block table.
 Two kernels do the reading: decode (every sequence brings one query) and prefill (a ragged batch
 of several queries per sequence, attending to their cached prefix and causally to each other). A
 step that mixes them has its single-query sequences first (the scheduler orders them so): one
-decode call takes those, one prefill call the rest. The
-`torch` implementation is the readable reference; `triton` runs the kernels in minillm/kernels.
+decode call takes those, one prefill call the rest. The `torch` implementation is the readable
+reference; `triton` runs the kernels in minillm/kernels (both from minillm.kernels.ops.load_ops).
 """
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import torch
 
 from minillm.attention.base import AttentionMetadata
+from minillm.kernels.ops import load_ops
 from minillm.kv_pool import KVPool
-
-
-def load_ops(kernel: str) -> SimpleNamespace:
-    if kernel == "triton":
-        # Imported here: the kernel modules need triton, which the torch path never does.
-        from minillm.kernels.paged_decode import paged_decode_attention
-        from minillm.kernels.paged_prefill import paged_prefill_attention
-        from minillm.kernels.store_kv import store_kvcache
-        return SimpleNamespace(store_kvcache=store_kvcache, paged_decode_attention=paged_decode_attention,
-                               paged_prefill_attention=paged_prefill_attention)
-    from minillm.kernels import reference
-
-    return SimpleNamespace(store_kvcache=reference.store_kvcache_ref,
-                           paged_decode_attention=reference.paged_decode_attention_ref,
-                           paged_prefill_attention=reference.paged_prefill_attention_ref)
 
 
 class PagedAttention:

@@ -3,9 +3,9 @@ scheduler's admission step, against the scheduler's own, on random workloads and
 
 A check drives two schedulers in lockstep through the same workload (requests arriving over time, a
 small KV pool that forces preemption, a small token budget that forces chunked prefill), one with
-the reference `admit` and one with the learner's, does to both what the engine does after a step,
-and compares the batch and the queues after every step, so that a message can say which step went
-wrong and which rule was broken.
+the reference `admit` and one with the learner's, hands both what a model would have produced
+(`Scheduler.update`), and compares the batch and the queues after every step, so that a message can
+say which step went wrong and which rule was broken.
 """
 
 from __future__ import annotations
@@ -14,9 +14,12 @@ import random
 from collections.abc import Callable
 
 from minillm.block_manager import BlockManager
+from minillm.engine_config import SchedulerConfig
 from minillm.grading.engine_check import check_generation
 from minillm.grading.feedback import CheckFailed, call_learner
+from minillm.kv_cache_manager import PagedKVCacheManager
 from minillm.llm import LLM
+from minillm.runner_output import ModelRunnerOutput
 from minillm.sampling_params import SamplingParams
 from minillm.scheduler import ScheduledBatch, Scheduler
 from minillm.sequence import Sequence
@@ -66,13 +69,13 @@ def _explain(expected: dict, got: dict, scheduler: Scheduler, batch: ScheduledBa
 
 def _simulate(admit: Callable, seed: int) -> None:
     limits, requests = _workload(seed)
-    schedulers = [Scheduler(limits["max_num_seqs"], limits["max_num_batched_tokens"], None,
-                            BlockManager(limits["num_blocks"], BLOCK_SIZE)) for _ in range(2)]
+    schedulers = [Scheduler(SchedulerConfig(limits["max_num_seqs"], limits["max_num_batched_tokens"]),
+                            PagedKVCacheManager(BlockManager(limits["num_blocks"], BLOCK_SIZE))) for _ in range(2)]
     learner = schedulers[1]
     learner.admit = lambda batch, budget: call_learner(admit, "admit", f"step {step}, budget {budget}", learner,
                                                        batch, budget)
-    queues = [[(t, Sequence(f"r{i}", None, list(prompt), SamplingParams(max_tokens=m), 4096, frozenset(), None,
-                            0.0)) for i, (t, prompt, m) in enumerate(requests)] for _ in range(2)]
+    queues = [[(t, Sequence(f"r{i}", prompt_token_ids=prompt, params=SamplingParams(max_tokens=m)))
+               for i, (t, prompt, m) in enumerate(requests)] for _ in range(2)]
     described = (f"workload seed {seed}: {len(requests)} requests, max_num_seqs={limits['max_num_seqs']}, "
                  f"max_num_batched_tokens={limits['max_num_batched_tokens']}, a pool of {limits['num_blocks']} "
                  f"blocks of {BLOCK_SIZE} tokens")
@@ -90,19 +93,10 @@ def _simulate(admit: Callable, seed: int) -> None:
         if not any(s.has_unfinished_requests() for s in schedulers) and not queues[0]:
             return
         for scheduler, (_, batch) in zip(schedulers, states):
-            _advance(scheduler, batch)
+            # What a model would have produced: a token where one is due.
+            scheduler.update(batch, ModelRunnerOutput([[len(seq.token_ids) % 7] if sample else []
+                                                       for seq, sample in zip(batch.seqs, batch.do_sample)]))
     raise CheckFailed(f"admit: the workload did not finish in 1000 steps ({described})")
-
-
-def _advance(scheduler: Scheduler, batch: ScheduledBatch) -> None:
-    """What the engine does after running a step: tokens computed, one sampled where due."""
-    for seq, n, sample in zip(batch.seqs, batch.num_new_tokens, batch.do_sample):
-        seq.num_computed_tokens += n
-        scheduler.block_manager.cache_full_blocks(seq)
-        if sample:
-            seq.token_ids.append(len(seq.token_ids) % 7)
-            if seq.num_output_tokens == seq.params.max_tokens:
-                scheduler.finish(seq)
 
 
 def check_admit(admit: Callable) -> None:

@@ -2,7 +2,8 @@
 
 The kernel modules import triton, so they are imported only when the Triton backend is chosen. On a
 CPU, set TRITON_INTERPRET=1 before the first import and the same kernels run in Triton's numpy
-interpreter: slow, but exact enough to test against the references.
+interpreter: slow, but exact enough to test against the references. `ops.py` picks one of the two
+("torch" or "triton") and hands out its functions, for attention and the quantized matmuls alike.
 """
 
 import torch

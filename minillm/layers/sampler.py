@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from minillm.runner_output import SamplerOutput
 from minillm.sampling_params import GREEDY_EPS
 
 # Where the top-p boundary falls exactly on the cumulative sum, float rounding of the softmax
@@ -49,16 +50,6 @@ class SamplingMetadata:
             num_logprobs=[p.logprobs for p in params],
             all_greedy=all(p.greedy for p in params),
         )
-
-
-@dataclass
-class SamplerOutput:
-    token_ids: list[int]
-    # Only when some row asked for logprobs, and computed from the raw logits, as vLLM does:
-    sampled_logprobs: list[float] | None = None
-    sampled_ranks: list[int] | None = None
-    top_token_ids: list[list[int]] | None = None
-    top_logprobs: list[list[float]] | None = None
 
 
 def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:

@@ -1,7 +1,9 @@
 """Weight-only quantization: `LLM(model, quantization="int8" | "int4")`.
 
-int8.py and int4.py hold the formulas (quantize, pack, dequantize) in plain PyTorch; linear.py the
-layer that stores the packed weights and the function that swaps a model's linear layers for it.
+int8.py and int4.py hold the formulas (quantize, pack, dequantize) in plain PyTorch, and reference.py
+the matmuls built on them: they import nothing of minillm, so the kernels build on them too. linear.py,
+a layer above the kernels, holds the layer that stores the packed weights (and runs either matmul)
+and the function that swaps a model's linear layers for it.
 """
 
 QUANTIZATION_METHODS = ("int8", "int4")

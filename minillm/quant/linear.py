@@ -9,35 +9,24 @@ inside the matmul instead.
 from __future__ import annotations
 
 import functools
-from types import SimpleNamespace
 
 import torch
 from torch import nn
 
+from minillm.kernels.ops import load_ops
 from minillm.quant import INT4_GROUP_SIZES, QUANTIZATION_METHODS
 from minillm.quant.int4 import quantize_int4
 from minillm.quant.int8 import quantize_int8
-from minillm.quant.reference import int4_matmul_ref, int8_matmul_ref
 
-KERNELS = ("torch", "triton")
-
-
-@functools.cache
-def load_matmul_ops(kernel: str) -> SimpleNamespace:
-    """int8_matmul and int4_matmul of the given kernel, both with the signatures of the references."""
-    if kernel not in KERNELS:
-        raise ValueError(f"the quantized matmul kernel must be one of {KERNELS}, got {kernel!r}")
-    if kernel == "triton":
-        # Imported here: the kernel module needs triton, which the torch path never does.
-        from minillm.kernels.quant_matmul import int4_matmul, int8_matmul
-        return SimpleNamespace(int8_matmul=int8_matmul, int4_matmul=int4_matmul)
-    return SimpleNamespace(int8_matmul=int8_matmul_ref, int4_matmul=int4_matmul_ref)
+# Shared and read-only here, unlike the namespace an attention backend holds: forward looks its ops up
+# every call, as a layer's kernel may be changed after it is built.
+_matmul_ops = functools.cache(load_ops)
 
 
 class QuantLinear(nn.Module):
     def __init__(self, linear: nn.Linear, method: str, group_size: int, kernel: str = "torch") -> None:
         super().__init__()
-        load_matmul_ops(kernel)  # a bad name fails here, not at the first forward
+        _matmul_ops(kernel)  # a bad name fails here, not at the first forward
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.method, self.group_size = method, group_size
         self.kernel = kernel  # "torch" or "triton"; may be changed later
@@ -55,7 +44,7 @@ class QuantLinear(nn.Module):
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().clone())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        ops = load_matmul_ops(self.kernel)
+        ops = _matmul_ops(self.kernel)
         if self.method == "int8":
             return ops.int8_matmul(x, self.qweight, self.scales, self.bias)
         return ops.int4_matmul(x, self.qweight, self.scales, self.zeros, self.group_size, self.bias)
@@ -79,7 +68,7 @@ def quantize_model(model: nn.Module, method: str, group_size: int = 128, kernel:
         raise ValueError(f"quantization must be one of {QUANTIZATION_METHODS} or None, got {method!r}")
     if method == "int4" and group_size not in INT4_GROUP_SIZES:
         raise ValueError(f"quant_group_size must be one of {INT4_GROUP_SIZES} for int4, got {group_size!r}")
-    load_matmul_ops(kernel)
+    _matmul_ops(kernel)
     targets = [(name, module) for name, module in decoder_linears(model) if isinstance(module, nn.Linear)]
     if method == "int4":
         for name, module in targets:

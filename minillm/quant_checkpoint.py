@@ -1,4 +1,5 @@
-"""Save a quantized model as a Hugging Face-style folder that `LLM(folder)` loads already quantized.
+"""Save a quantized model as a Hugging Face-style folder that `LLM(folder)` loads already quantized:
+the writer beside the loader that reads it back.
 
 The folder is the source model's, with `model.safetensors` replaced: the decoder's projections
 hold `qweight`, `scales` (and, for int4, `zeros`) instead of `weight`, under the checkpoint's own
@@ -12,18 +13,14 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 from safetensors.torch import save_file
 
 from minillm.layers.linear import shard_range
 from minillm.loader import PICKLE_SUFFIXES
+from minillm.models.llama import LlamaForCausalLM
 from minillm.quant.linear import QuantLinear
-
-if TYPE_CHECKING:
-    from minillm.engine import LLMEngine
-    from minillm.llm import LLM
 
 # Replaced by what is written here (or, for pickle weights, never copied); every other file of the
 # source folder (tokenizer, generation_config.json, README) is copied as it is.
@@ -31,12 +28,11 @@ _NOT_COPIED = ("*.safetensors", "model.safetensors.index.json", "config.json",
                *(f"*{suffix}" for suffix in PICKLE_SUFFIXES))
 
 
-def save_quantized(llm: LLM | LLMEngine, output_dir: str | Path) -> Path:
-    """Write `llm`'s model, quantized with LLM(..., quantization=...), to output_dir (created; must
+def save_quantized(model: LlamaForCausalLM, source: str | Path, output_dir: str | Path) -> Path:
+    """Write `model`, loaded from the folder `source` and quantized (LLM(..., quantization=...) does
+    both: pass `llm.llm_engine.model` and `llm.llm_engine.model_path`), to output_dir (created; must
     not hold a model already), in the dtype it runs in (`minillm quantize` loads it in the
     checkpoint's own dtype, so that a CPU does not turn a bf16 model into an fp32 file)."""
-    engine = getattr(llm, "llm_engine", llm)
-    model = engine.model
     quantized = [m for m in model.modules() if isinstance(m, QuantLinear)]
     if not quantized:
         raise ValueError("the model is not quantized: create it with LLM(model, quantization='int8' or 'int4')")
@@ -44,7 +40,7 @@ def save_quantized(llm: LLM | LLMEngine, output_dir: str | Path) -> Path:
     if (out / "config.json").exists():
         raise ValueError(f"output_dir {out} already holds a model (config.json); choose an empty folder")
     out.mkdir(parents=True, exist_ok=True)
-    source = engine.model_path
+    source = Path(source)
     for file in source.iterdir():
         if file.is_file() and not any(file.match(pattern) for pattern in _NOT_COPIED):
             shutil.copy2(file, out / file.name)
@@ -52,8 +48,9 @@ def save_quantized(llm: LLM | LLMEngine, output_dir: str | Path) -> Path:
     layer = quantized[0]
     config["quantization_config"] = {"quant_method": "minillm", "quantization": layer.method,
                                      "group_size": layer.group_size if layer.method == "int4" else None}
-    # The dtype of the scales and of the unquantized tensors, under both names transformers has used.
-    config["dtype"] = str(engine.dtype).removeprefix("torch.")
+    # The dtype of the scales and of the unquantized tensors (the scales are kept in the model's
+    # dtype), under both names transformers has used.
+    config["dtype"] = str(layer.scales.dtype).removeprefix("torch.")
     if "torch_dtype" in config:
         config["torch_dtype"] = config["dtype"]
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
@@ -61,7 +58,7 @@ def save_quantized(llm: LLM | LLMEngine, output_dir: str | Path) -> Path:
     return out
 
 
-def checkpoint_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+def checkpoint_tensors(model: LlamaForCausalLM) -> dict[str, torch.Tensor]:
     """The model's state under the checkpoint's tensor names, merged layers split back out."""
     split = {}
     for ckpt, (merged, index) in model.packed_modules_mapping.items():

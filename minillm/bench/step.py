@@ -1,0 +1,229 @@
+"""`minillm bench step`: the host time of one decode step of the engine, split into its phases.
+
+A small model's decode step is bound by what the CPU does around the kernels: scheduling, building
+the inputs, launching the kernels, reading the sampled tokens back, bookkeeping. This benchmark
+times each phase of `LLMEngine.step()` by wrapping the engine's own methods for the duration of
+the measurement: `Scheduler.schedule`, `ModelRunner.prepare`, `execute` and `sample`, and
+`Scheduler.update`; "other" is the rest of the step (output processing). An older engine has a
+single `ModelRunner.run` for prepare, execute and sample, and updates inside `step()`: it is timed
+as "runner" and its update falls in "other".
+
+The times are the CPU's: nothing synchronizes inside a step. On a GPU, execute only queues
+kernels and sample waits for them when it reads the tokens back, so the device's time shows up in
+sample.
+
+With `--baseline REV` the same measurement runs on REV's engine in a subprocess, against a
+temporary git worktree of REV; there this file is run by path, so it imports nothing from minillm
+but the public API that every revision has.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import statistics
+import sys
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from time import perf_counter
+from unittest import mock
+
+import torch
+from tqdm.auto import tqdm
+
+import minillm
+from minillm import LLM, SamplingParams
+
+PROMPT_LEN = 32
+WARMUP_STEPS = 5
+# Phase -> (the engine's attribute, its method). What an engine lacks is not timed on its own.
+PHASES = {"schedule": ("scheduler", "schedule"), "prepare": ("model_runner", "prepare"),
+          "execute": ("model_runner", "execute"), "sample": ("model_runner", "sample"),
+          "update": ("scheduler", "update")}
+RUNNER_PHASES = ("prepare", "execute", "sample")
+CURRENT = "working tree"
+COLUMNS = [("version", "version"), ("batch", "batch"), ("schedule_us", "schedule"), ("prepare_us", "prepare"),
+           ("execute_us", "execute"), ("sample_us", "sample"), ("runner_us", "runner (p+e+s)"),
+           ("update_us", "update"), ("other_us", "other"), ("total_us", "total"), ("median_us", "median"),
+           ("p90_us", "p90"), ("tokens_per_s", "tokens/s"), ("vs_before", "x before")]
+CAPTION = ("host µs per decode step: the phases' means (they add up to the mean total), the total's median and "
+           "90th percentile, and the median over the baseline's (x before); blank: no such method in that version's "
+           "engine (an engine without Scheduler.update counts the update in other)")
+
+
+class PhaseClock:
+    """Seconds spent in each wrapped method, less the time of wrapped methods it calls itself, so
+    that nothing counts twice whichever phase calls which."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = defaultdict(float)
+        self.calls: dict[str, int] = defaultdict(int)
+        self._nested: list[float] = []  # per open call: seconds of the wrapped calls inside it
+
+    def wrap(self, phase: str, method: Callable) -> Callable:
+        def timed(*args, **kwargs):
+            self._nested.append(0.0)
+            start = perf_counter()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                elapsed = perf_counter() - start
+                self.seconds[phase] += elapsed - self._nested.pop()
+                self.calls[phase] += 1
+                if self._nested:
+                    self._nested[-1] += elapsed
+
+        return timed
+
+    def lap(self, phases: list[str]) -> dict[str, float]:
+        """Seconds per phase since the last lap."""
+        lap = {phase: self.seconds[phase] for phase in phases}
+        self.seconds.clear()
+        return lap
+
+
+def phase_methods(engine) -> dict[str, tuple[object, str]]:
+    """Phase -> (object, method name) of what this engine's step calls."""
+    found = {phase: (getattr(engine, owner), name) for phase, (owner, name) in PHASES.items()
+             if hasattr(getattr(engine, owner), name)}
+    if not any(phase in found for phase in RUNNER_PHASES) and hasattr(engine.model_runner, "run"):
+        found["runner"] = (engine.model_runner, "run")
+    if "schedule" not in found or not {"runner", *RUNNER_PHASES} & found.keys():
+        raise RuntimeError(f"bench step does not know this engine: it found only {sorted(found)}")
+    return found
+
+
+@contextmanager
+def timed_phases(engine, clock: PhaseClock) -> Iterator[list[str]]:
+    """The engine's phase methods replaced by timed wrappers on its objects; yields the phases."""
+    methods = phase_methods(engine)
+    with ExitStack() as stack:
+        for phase, (owner, name) in methods.items():
+            stack.enter_context(mock.patch.object(owner, name, clock.wrap(phase, getattr(owner, name))))
+        yield list(methods)
+
+
+def _synchronize() -> None:
+    # Only around the timed steps: work queued before them must not be billed to them.
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    elif torch.backends.mps.is_available():
+        torch.mps.synchronize()
+
+
+def _decode_steps(llm: LLM, batch: int, steps: int, bar: tqdm) -> list[dict[str, float]]:
+    """Per timed step of `batch` decoding requests: seconds per phase, and the step's ("total")."""
+    engine = llm.llm_engine
+    rng = random.Random(batch)
+    # Prefill takes `batch` steps at most, each of which may give the requests admitted so far a
+    # token; the last timed step must not finish them either.
+    params = SamplingParams(temperature=0, max_tokens=batch + WARMUP_STEPS + steps + 1, ignore_eos=True)
+    ids = [f"step-{batch}-{i}" for i in range(batch)]
+    for request_id in ids:
+        # Ids below 256 exist in every vocabulary; the shapes are what matter.
+        engine.add_request(request_id, {"prompt_token_ids": [rng.randrange(1, 256) for _ in range(PROMPT_LEN)]},
+                           params)
+    decoding: set[str] = set()
+    for _ in range(batch * PROMPT_LEN):  # a step prefills one token at least
+        decoding.update(out.request_id for out in engine.step() if out.outputs[0].token_ids)
+        if len(decoding) == batch:
+            break
+    else:
+        raise RuntimeError(f"{batch - len(decoding)} of {batch} requests never produced a token")
+    for _ in range(WARMUP_STEPS):
+        engine.step()
+    clock = PhaseClock()
+    per_step = []
+    _synchronize()
+    with timed_phases(engine, clock) as phases:
+        for _ in range(steps):
+            start = perf_counter()
+            outputs = engine.step()
+            total = perf_counter() - start
+            per_step.append({**clock.lap(phases), "total": total})
+            if len(outputs) != batch or any(out.finished for out in outputs):
+                raise RuntimeError(f"a timed step was not a decode step of {batch} requests")
+            bar.update()
+    _synchronize()
+    for request_id in ids:
+        engine.abort_request(request_id)
+    missed = [phase for phase in phases if clock.calls[phase] < steps]
+    if missed:
+        raise RuntimeError(f"{missed} not called in every step: the engine no longer calls them on its objects")
+    return per_step
+
+
+def _summarize(batch: int, per_step: list[dict[str, float]]) -> dict:
+    phases = [phase for phase in per_step[0] if phase != "total"]
+    row: dict = {"batch": batch, "steps": len(per_step), "phases": phases}
+    for phase in phases:
+        row[f"{phase}_us"] = statistics.fmean(step[phase] for step in per_step) * 1e6
+    if "runner" not in phases:
+        row["runner_us"] = sum(row[f"{phase}_us"] for phase in RUNNER_PHASES)
+    totals = [step["total"] * 1e6 for step in per_step]
+    row["total_us"] = statistics.fmean(totals)
+    row["other_us"] = row["total_us"] - sum(row[f"{phase}_us"] for phase in phases)
+    row["median_us"] = statistics.median(totals)
+    row["p90_us"] = statistics.quantiles(totals, n=10)[-1]
+    row["tokens_per_s"] = batch / row["median_us"] * 1e6
+    return row
+
+
+def measure(model: str, batch_sizes: list[int], steps: int, device: str | None, dtype: str) -> dict:
+    """The phases of `steps` decode steps at each batch size, on the `minillm` this imported."""
+    # Requests never finish within a measurement, and their token ids need no tokenizer.
+    llm = LLM(model, device=device, dtype=dtype, skip_tokenizer_init=True, max_num_seqs=max(batch_sizes),
+              max_model_len=PROMPT_LEN + max(batch_sizes) + WARMUP_STEPS + steps + 1)
+    rows = []
+    with tqdm(total=len(batch_sizes) * steps, desc="bench step", leave=False) as bar:
+        for batch in batch_sizes:
+            rows.append(_summarize(batch, _decode_steps(llm, batch, steps, bar)))
+    return {"minillm": minillm.__file__, "rows": rows}
+
+
+def side_by_side(results: dict[str, dict]) -> list[dict]:
+    """One row per batch size and version, versions in the order given (before, then after); each
+    version after the first gets its median total over the first's."""
+    before, *_ = results
+    medians = {row["batch"]: row["median_us"] for row in results[before]["rows"]}
+    rows = [{"version": version, **row} for version, result in results.items() for row in result["rows"]]
+    for row in rows:
+        if row["version"] != before:
+            row["vs_before"] = row["median_us"] / medians[row["batch"]]
+    return sorted(rows, key=lambda row: row["batch"])  # stable: the versions keep their order
+
+
+def bench_step(model: str, batch_sizes: list[int], steps: int, device: str | None = None, dtype: str = "auto",
+               baseline: str | None = None) -> tuple[list[dict], dict]:
+    """The phases on this tree's engine and, with `baseline` (a git revision), on that revision's first."""
+    if steps < 2:
+        raise ValueError(f"--steps must be at least 2 (for a 90th percentile), got {steps}")
+    config = {"model": model, "batch_sizes": batch_sizes, "steps": steps, "device": device, "dtype": dtype}
+    results = {}
+    if baseline is not None:
+        # Imported here: the worker runs this file against a revision that may not have it.
+        from minillm.bench.revision import checkout, run_against
+
+        with checkout(baseline) as (tree, sha):
+            out = tree / "bench-step.json"  # removed with the worktree
+            run_against(tree, Path(__file__), json.dumps(config), str(out))
+            results[f"{baseline} ({sha})"] = json.loads(out.read_text())
+    results[CURRENT] = measure(**config)
+    rows = side_by_side(results)
+    summary = {"minillm": {version: result["minillm"] for version, result in results.items()},
+               "vs_before": {str(row["batch"]): row["vs_before"] for row in rows if "vs_before" in row}}
+    return rows, summary
+
+
+def _worker(config: str, out: str) -> None:
+    """The measurement on another revision's `minillm`, which must be the one in the current folder
+    (the worktree), not an installed one."""
+    if not Path(minillm.__file__).resolve().is_relative_to(Path.cwd().resolve()):
+        raise RuntimeError(f"minillm was imported from {minillm.__file__}, not from the worktree {Path.cwd()}")
+    Path(out).write_text(json.dumps(measure(**json.loads(config))))
+
+
+if __name__ == "__main__":
+    _worker(*sys.argv[1:])

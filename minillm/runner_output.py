@@ -1,0 +1,26 @@
+"""What a step of the model runner hands back to the scheduler: the tokens it produced."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class SamplerOutput:
+    """One entry per row of logits sampled."""
+
+    token_ids: list[int]
+    # Only when some row asked for logprobs, and computed from the raw logits, as vLLM does:
+    sampled_logprobs: list[float] | None = None
+    sampled_ranks: list[int] | None = None
+    top_token_ids: list[list[int]] | None = None
+    top_logprobs: list[list[float]] | None = None
+
+
+@dataclass
+class ModelRunnerOutput:
+    # Per sequence of the batch, the tokens it produced: none for a prompt chunk that leaves some of
+    # the prompt for later, one for a decode, up to k + 1 once k drafted tokens are verified.
+    sampled_token_ids: list[list[int]]
+    # The rows behind those tokens, in the same order, for their logprobs.
+    sampler_output: SamplerOutput | None = None
