@@ -1,4 +1,4 @@
-"""Turn one row of logits per sequence into one token per sequence, all rows in one pass.
+"""Turn each row of logits into one token, all rows in one pass (the runner groups them by sequence).
 
 Each row carries its own SamplingParams (see sampling_params.py for the semantics). Sampling is
 done with the exponential race: argmax(p / E) with E ~ Exp(1) independently per token picks token
