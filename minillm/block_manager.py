@@ -145,13 +145,22 @@ class BlockManager:
     def free(self, seq: Sequence) -> None:
         """Return a sequence's blocks. Its tail goes back first, so under pressure the pool evicts
         the end of a prefix before its beginning (the beginning is what other prompts share)."""
-        for block_id in reversed(seq.block_table):
+        self._release(seq.block_table)
+        seq.block_table = []
+
+    def truncate(self, seq: Sequence, num_tokens: int) -> None:
+        """Return the blocks past seq's first num_tokens tokens (reserved for drafts that were rejected)."""
+        keep = self.blocks_needed(num_tokens)
+        self._release(seq.block_table[keep:])
+        del seq.block_table[keep:]
+
+    def _release(self, block_ids: list[int]) -> None:
+        for block_id in reversed(block_ids):
             block = self.blocks[block_id]
             block.ref_count -= 1
             if block.ref_count == 0:
                 self.free_block_ids[block_id] = None
                 self.free_block_ids.move_to_end(block_id, last=block.block_hash is not None)
-        seq.block_table = []
 
     def _take(self, block_id: int) -> None:
         block = self.blocks[block_id]

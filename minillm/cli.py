@@ -14,7 +14,7 @@ from minillm.quant import QUANTIZATION_METHODS
 def _generate(args) -> None:
     from minillm import LLM, SamplingParams
 
-    llm = LLM(args.model, device=args.device, dtype=args.dtype)
+    llm = LLM(args.model, device=args.device, dtype=args.dtype, speculative_config=speculative_config(args))
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                             max_tokens=args.max_tokens, seed=args.seed)
     if args.stream:
@@ -24,6 +24,28 @@ def _generate(args) -> None:
         print()
     else:
         print(args.prompt + llm.generate([args.prompt], params, use_tqdm=False)[0].outputs[0].text)
+
+
+def speculative_config(args) -> dict | None:
+    """vLLM's flags: --speculative-config JSON, or its parts, --speculative-model / --speculative-method
+    with --num-speculative-tokens (the engine says what is missing or wrong)."""
+    if args.speculative_config is not None:
+        try:
+            return json.loads(args.speculative_config)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"--speculative-config must be JSON, e.g. '{{\"method\": \"ngram\", "
+                             f"\"num_speculative_tokens\": 4}}' ({e})") from None
+    parts = (("model", args.speculative_model), ("method", args.speculative_method),
+             ("num_speculative_tokens", args.num_speculative_tokens))
+    config = {key: value for key, value in parts if value is not None}
+    return config or None
+
+
+def speculative_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--speculative-model", default=None, help="a draft model, e.g. tiny-draft")
+    p.add_argument("--speculative-method", default=None, help="ngram (prompt lookup) or draft_model")
+    p.add_argument("--num-speculative-tokens", type=int, default=None, help="k, draft tokens per step")
+    p.add_argument("--speculative-config", default=None, help="all of it as JSON, as vLLM takes it")
 
 
 def _quantize(args) -> None:
@@ -114,6 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--top-k", type=int, default=0)
     gen.add_argument("--seed", type=int, default=0)
     gen.add_argument("--stream", action="store_true", help="print text as it is generated")
+    speculative_args(gen)
     gen.set_defaults(func=_generate)
 
     quant = sub.add_parser("quantize", help="save a model quantized (safetensors), for LLM(folder) to load")

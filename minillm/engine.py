@@ -12,6 +12,7 @@ import torch
 from minillm.config import ModelConfig
 from minillm.device import device_memory_bytes, resolve_device, resolve_dtype
 from minillm.engine_config import EngineConfig, check_checkpoint_quantization, resolve_max_model_len
+from minillm.engine_metrics import EngineCounters, Metric, collect_metrics
 from minillm.kernels.ops import resolve_kernel
 from minillm.kv_cache_manager import create_kv_cache_manager
 from minillm.kv_pool import kv_bytes_per_token
@@ -20,9 +21,12 @@ from minillm.model_runner import ModelRunner
 from minillm.output_processor import OutputProcessor
 from minillm.outputs import RequestOutput
 from minillm.quant.linear import quantize_model
+from minillm.runner_output import ModelRunnerOutput
 from minillm.sampling_params import SamplingParams
 from minillm.scheduler import ScheduledBatch, Scheduler
 from minillm.sequence import Sequence
+from minillm.spec_decode.acceptance import AcceptanceCounts
+from minillm.spec_decode.proposers import create_proposer, load_draft_model
 from minillm.trace import SeqState, StepEvent, TraceInfo
 
 PromptType = str | dict
@@ -51,12 +55,22 @@ class LLMEngine:
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
             eos.add(self.tokenizer.eos_token_id)
         self.eos_token_ids = frozenset(eos)
+        spec = config.speculative
+        # The draft loads before the KV pools are sized: its weights and its own pool share the memory.
+        draft = load_draft_model(spec, model_config, self.tokenizer, self.dtype, self.device, kernel,
+                                 self.max_model_len) if spec is not None and spec.method == "draft_model" else None
         self.kv_cache_manager = kv = create_kv_cache_manager(
             config.cache, model_config, self.dtype, self.device, kernel, self.max_model_len,
-            config.scheduler.max_num_seqs)
+            config.scheduler.max_num_seqs,
+            kv_bytes_per_token(draft[1], self.dtype, self.kv_cache_dtype) if draft else 0)
         self.kv_cache, self.block_manager = kv.storage, kv.block_manager
-        self.model_runner = ModelRunner(self.model, kv, config.scheduler, self.max_model_len, self.device,
-                                        config.model.seed)
+        self.model_runner = runner = ModelRunner(self.model, kv, config.scheduler, self.max_model_len, self.device,
+                                                 config.model.seed)
+        if spec is not None:
+            runner.set_proposer(create_proposer(spec, draft, kv, runner.buffers, runner.sampler.generator, kernel,
+                                                self.kv_cache_dtype), spec.num_speculative_tokens)
+        self.spec_decoding_stats = AcceptanceCounts(spec.num_speculative_tokens) if spec else None
+        self.counters = EngineCounters()
         # Decode steps replay CUDA graphs, as in vLLM, where the step is made of Triton kernels on a GPU.
         if not config.device.enforce_eager and self.device.type == "cuda" and kernel == "triton":
             self.model_runner.capture_decode_graphs()
@@ -83,6 +97,7 @@ class LLMEngine:
         if seq is not None:
             seq.finish_reason = "abort"
             self.scheduler.finish(seq)
+            self.counters.request_success["abort"] += 1
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
@@ -93,12 +108,44 @@ class LLMEngine:
         if not batch.seqs:
             return []
         before = self._seq_states(batch) if self.step_listeners else None
-        received = self.scheduler.update(batch, self.model_runner.execute_model(batch))
+        num_outputs = [seq.num_output_tokens for seq in batch.seqs]
+        output = self.model_runner.execute_model(batch)
+        received = self.scheduler.update(batch, output)
         outputs = self.output_processor.make_outputs(received)
+        self._count(batch, num_outputs)
+        for drafts, tokens in zip(output.spec_token_ids or (), output.sampled_token_ids):
+            if drafts:  # accepted: what the rejection sampler kept, whether or not a stop cut the run
+                self.spec_decoding_stats.add(len(drafts), len(tokens) - 1)
         if before is not None:
-            self._notify(self._step_event(batch, before))
+            self._notify(self._step_event(batch, before, output))
         self.num_steps += 1
         return outputs
+
+    def _count(self, batch: ScheduledBatch, num_outputs: list[int]) -> None:
+        """The step into the counters of get_metrics; num_outputs: each sequence's tokens before it."""
+        c = self.counters
+        c.num_preemptions += len(batch.preempted)
+        for seq, before in zip(batch.seqs, num_outputs):
+            c.generation_tokens += seq.num_output_tokens - before
+            m = seq.metrics
+            if before == 0 and seq.num_output_tokens:  # its first token: the prompt is done
+                c.prompt_tokens += seq.num_prompt_tokens
+                c.prefix_cache_queries += seq.num_prompt_tokens
+                c.prefix_cache_hits += seq.num_cached_tokens
+                c.time_to_first_token.observe(m.first_token_time - m.arrival_time)
+            if seq.finish_reason is not None:
+                c.request_success[seq.finish_reason] += 1
+                c.e2e_request_latency.observe(m.finished_time - m.arrival_time)
+                if seq.num_output_tokens > 1:
+                    c.time_per_output_token.observe(
+                        (m.last_token_time - m.first_token_time) / (seq.num_output_tokens - 1))
+
+    def get_metrics(self) -> list[Metric]:
+        kv = self.kv_cache_manager
+        usage = 1 - kv.num_free_blocks / kv.num_blocks if kv.num_blocks else 0.0
+        return collect_metrics({"model_name": self.model_name, "engine": "0"}, self.counters,
+                               len(self.scheduler.running), len(self.scheduler.waiting), usage,
+                               self.spec_decoding_stats)
 
     def _notify(self, event: StepEvent) -> None:
         # Listeners are views and probes: one that breaks must not break generation. It is warned
@@ -117,7 +164,9 @@ class LLMEngine:
             model=self.model_name, device=str(self.device), dtype=str(self.dtype).replace("torch.", ""),
             kv_cache=kv.name, kv_bytes_per_token=kv_bytes_per_token(self.model_config, self.dtype, self.kv_cache_dtype),
             device_memory_bytes=device_memory_bytes(self.device), max_model_len=self.max_model_len,
-            max_num_seqs=self.scheduler.max_num_seqs, block_size=kv.block_size, num_kv_blocks=kv.num_blocks)
+            max_num_seqs=self.scheduler.max_num_seqs, block_size=kv.block_size, num_kv_blocks=kv.num_blocks,
+            speculative_method=spec.method if (spec := self.config.speculative) else None,
+            num_speculative_tokens=spec.num_speculative_tokens if spec else 0)
 
     def _seq_states(self, batch: ScheduledBatch) -> list[SeqState]:
         """The batch's sequences before the step runs: what it computes of each, and their memory."""
@@ -131,11 +180,16 @@ class LLMEngine:
                 num_cached_tokens=seq.num_cached_tokens))
         return states
 
-    def _step_event(self, batch: ScheduledBatch, before: list[SeqState]) -> StepEvent:
+    def _step_event(self, batch: ScheduledBatch, before: list[SeqState], output: ModelRunnerOutput) -> StepEvent:
         """The step as the widgets see it, once finished sequences have given their memory back."""
         kv = self.kv_cache_manager
-        seqs = tuple(dataclasses.replace(state, kv_tokens=seq.num_computed_tokens, finish_reason=seq.finish_reason)
-                     for seq, state in zip(batch.seqs, before))
+        specs = output.spec_token_ids or [[] for _ in batch.seqs]
+        seqs = tuple(dataclasses.replace(
+            state, kv_tokens=seq.num_computed_tokens, finish_reason=seq.finish_reason,
+            decode_tokens=state.decode_tokens - reserved + len(spec), spec_token_ids=tuple(spec),
+            num_accepted_tokens=len(tokens) - 1 if spec else 0, target_token_id=tokens[-1] if spec else None)
+            for seq, state, reserved, spec, tokens in zip(batch.seqs, before, batch.num_spec_tokens, specs,
+                                                          output.sampled_token_ids))
         return StepEvent(step=self.num_steps, seqs=seqs, num_waiting=len(self.scheduler.waiting),
                          num_free_blocks=kv.num_free_blocks, cached_blocks=tuple(sorted(kv.cached_block_ids.values())),
                          preempted=tuple(s.request_id for s in batch.preempted))

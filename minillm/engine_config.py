@@ -18,6 +18,7 @@ from minillm.config import ModelConfig
 from minillm.kernels.ops import KERNEL_CHOICES
 from minillm.kv_pool import KV_CACHE_DTYPES
 from minillm.quant import INT4_GROUP_SIZES, QUANTIZATION_METHODS
+from minillm.spec_decode.config import SpeculativeConfig
 from minillm.validation import check_bool, check_choice, check_int, check_number
 
 KV_CACHE_MODES = ("paged", "contiguous", "none")
@@ -67,10 +68,13 @@ class CacheConfig:
 class SchedulerConfig:
     max_num_seqs: int = 256  # sequences running at once
     max_num_batched_tokens: int = 2048  # tokens per step; longer prompts are prefilled in chunks
+    # Speculative decoding: slots a decode reserves for the drafts it verifies (set from speculative_config).
+    num_lookahead_slots: int = 0
 
     def __post_init__(self) -> None:
         check_int("max_num_seqs", self.max_num_seqs, 1)
         check_int("max_num_batched_tokens", self.max_num_batched_tokens, 1)
+        check_int("num_lookahead_slots", self.num_lookahead_slots, 0)
 
 
 @dataclass
@@ -90,10 +94,17 @@ class EngineConfig:
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     device: DeviceConfig = field(default_factory=DeviceConfig)
+    speculative: SpeculativeConfig | None = None
 
     def __post_init__(self) -> None:
         if self.device.attention_backend == "triton" and self.cache.kv_cache != "paged":
             raise ValueError(f"attention_backend='triton' needs kv_cache='paged', got kv_cache={self.cache.kv_cache!r}")
+        if self.speculative is not None:
+            if self.cache.kv_cache != "paged":
+                raise ValueError(f"speculative_config needs kv_cache='paged', got kv_cache={self.cache.kv_cache!r}")
+            # Each decode reserves cache slots and step budget for the drafts it verifies.
+            self.scheduler = dataclasses.replace(self.scheduler,
+                                                 num_lookahead_slots=self.speculative.num_speculative_tokens)
 
     @classmethod
     def from_engine_args(cls, model: str, **engine_args) -> EngineConfig:
@@ -105,9 +116,10 @@ class EngineConfig:
         parts = {"cache": CacheConfig(**take(CacheConfig)), "scheduler": SchedulerConfig(**take(SchedulerConfig)),
                  "device": DeviceConfig(**take(DeviceConfig))}
         settings = ModelSettings(model, **take(ModelSettings))
+        speculative = SpeculativeConfig.from_dict(engine_args.pop("speculative_config", None))
         if engine_args:
             raise TypeError(f"unexpected engine argument(s): {', '.join(sorted(engine_args))}")
-        return cls(settings, **parts)
+        return cls(settings, **parts, speculative=speculative)
 
 
 def resolve_max_model_len(requested: int | None, config: ModelConfig) -> int:

@@ -60,6 +60,9 @@ class KVCacheManager:
         """A step computed num_tokens more of seq's tokens, all of them final: the cache holds them now."""
         seq.num_computed_tokens += num_tokens
 
+    def truncate(self, seq: Sequence) -> None:
+        """Give back room reserved past seq's tokens (lookahead slots of rejected drafts)."""
+
     def reserved_tokens(self, seq: Sequence) -> int:
         return 0
 
@@ -137,6 +140,9 @@ class PagedKVCacheManager(KVCacheManager):
         seq.num_computed_tokens += num_tokens
         self.block_manager.cache_full_blocks(seq)
 
+    def truncate(self, seq: Sequence) -> None:
+        self.block_manager.truncate(seq, seq.num_tokens)
+
     def reserved_tokens(self, seq: Sequence) -> int:
         return len(seq.block_table) * self.block_size
 
@@ -184,14 +190,14 @@ class PagedKVCacheManager(KVCacheManager):
 
 def create_kv_cache_manager(config: CacheConfig, model_config: ModelConfig, dtype: torch.dtype,
                             device: torch.device, kernel: str, max_model_len: int,
-                            max_num_seqs: int) -> KVCacheManager:
+                            max_num_seqs: int, extra_bytes_per_token: int = 0) -> KVCacheManager:
     if config.kv_cache == "none":
         return NoKVCache()
     # Both caches get the same budget, so that they can be compared on equal memory.
     num_blocks = resolve_num_kv_blocks(
         config.num_kv_blocks, config.gpu_memory_utilization, config=model_config, block_size=config.block_size,
         dtype=dtype, device=device, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
-        kv_cache_dtype=config.kv_cache_dtype)
+        kv_cache_dtype=config.kv_cache_dtype, extra_bytes_per_token=extra_bytes_per_token)
     if config.kv_cache == "contiguous":
         return ContiguousKVCacheManager(ContiguousKVCache(model_config, dtype, device, num_blocks * config.block_size))
     pool = KVPool(model_config, num_blocks, config.block_size, dtype, device, config.kv_cache_dtype)

@@ -64,12 +64,13 @@ def available_kv_bytes(device: torch.device, gpu_memory_utilization: float) -> i
 
 def resolve_num_kv_blocks(num_kv_blocks: int | None, gpu_memory_utilization: float, *, config: ModelConfig,
                           block_size: int, dtype: torch.dtype, device: torch.device, max_model_len: int,
-                          max_num_seqs: int, kv_cache_dtype: str = "auto") -> int:
+                          max_num_seqs: int, kv_cache_dtype: str = "auto", extra_bytes_per_token: int = 0) -> int:
     """How many blocks the pool gets: `num_kv_blocks` if given, else what fits in
     gpu_memory_utilization of the free memory, capped at what max_num_seqs sequences of
-    max_model_len tokens could ever use. Fails if one sequence of max_model_len would not fit."""
+    max_model_len tokens could ever use. Fails if one sequence of max_model_len would not fit.
+    extra_bytes_per_token: a draft model's pool, which has as many blocks and shares the budget."""
     per_seq = -(-max_model_len // block_size)
-    bytes_per_block = block_size * kv_bytes_per_token(config, dtype, kv_cache_dtype)
+    bytes_per_block = block_size * (kv_bytes_per_token(config, dtype, kv_cache_dtype) + extra_bytes_per_token)
     if num_kv_blocks is None:
         budget = available_kv_bytes(device, gpu_memory_utilization)
         num_kv_blocks = min(budget // bytes_per_block, per_seq * max_num_seqs)

@@ -10,6 +10,7 @@ from collections.abc import Iterator, Sequence
 from tqdm.auto import tqdm
 
 from minillm.engine import LLMEngine, PromptType
+from minillm.engine_metrics import Metric
 from minillm.outputs import RequestOutput
 from minillm.sampling_params import RequestOutputKind, SamplingParams
 
@@ -26,12 +27,20 @@ class LLM:
         (None, "int8" or "int4") and quant_group_size (int4: 32, 64 or 128). A folder written by
         `minillm quantize` (quant_checkpoint.py) loads already quantized. enforce_eager: False (the
         default) replays decode steps as CUDA graphs on a GPU with the Triton backend; True runs every
-        step eagerly, launch by launch (cuda_graph.py)."""
+        step eagerly, launch by launch (cuda_graph.py). speculative_config: None, or vLLM's dict for
+        speculative decoding, {"model": "tiny-draft", "num_speculative_tokens": 4} (a draft model of
+        the same vocabulary) or {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4,
+        "prompt_lookup_min": 2} (drafts copied from the sequence itself); see spec_decode/."""
         self.llm_engine = LLMEngine(model, **engine_args)
         self._request_ids = itertools.count()
 
     def get_tokenizer(self):
         return self.llm_engine.tokenizer
+
+    def get_metrics(self) -> list[Metric]:
+        """Counters, gauges and histograms since the engine started, vLLM's classes and names
+        (engine_metrics.py), speculative decoding's included."""
+        return self.llm_engine.get_metrics()
 
     def generate(self, prompts: PromptType | Sequence[PromptType],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,

@@ -1,46 +1,37 @@
 """Runs one scheduled step in three parts: `prepare` flattens the batch into the runner's persistent
 input buffers, `execute` runs the model and computes logits where tokens are due, `sample` turns
 them into tokens, a list for each sequence. Pure decode steps replay CUDA graphs where they were
-captured (cuda_graph.py)."""
+captured (cuda_graph.py).
+
+With speculative decoding a proposer drafts tokens for the decodes first (spec_decode/), the target
+computes logits at each of them and the rejection sampler keeps what it agrees with."""
 
 from __future__ import annotations
 
 import bisect
 import functools
-from dataclasses import dataclass
 
 import torch
 
 from minillm.attention import AttentionMetadata, NoCacheAttention
 from minillm.cuda_graph import DecodeGraphs, capture_sizes
 from minillm.engine_config import SchedulerConfig
-from minillm.input_buffers import InputBuffers, stage
+from minillm.input_buffers import InputBuffers
 from minillm.kv_cache_manager import KVCacheManager
 from minillm.layers.sampler import Sampler, SamplingMetadata
+from minillm.model_input import ModelInput, build_model_input, compute_logits
 from minillm.models.llama import LlamaForCausalLM
 from minillm.runner_output import ModelRunnerOutput
 from minillm.scheduler import ScheduledBatch
 from minillm.sequence import Sequence
-
-
-@dataclass
-class ModelInput:
-    input_ids: torch.Tensor  # [tokens]: views of the runner's buffers
-    positions: torch.Tensor
-    metadata: AttentionMetadata
-    # Rows of the model's output that get logits, each sequence's in order; and how many each has.
-    logits_indices: list[int]
-    num_logits: list[int]
-    graph_size: int | None = None  # a decode step replayed by the graph of this many rows
-
-    @property
-    def num_seqs(self) -> int:
-        return len(self.num_logits)
+from minillm.spec_decode.proposal import Proposer
+from minillm.spec_decode.rejection_sampler import RejectionSampler
 
 
 class ModelRunner:
     def __init__(self, model: LlamaForCausalLM, kv_cache_manager: KVCacheManager, config: SchedulerConfig,
                  max_model_len: int, device: torch.device, seed: int) -> None:
+        """Speculation is switched on afterwards, by `set_proposer`, as it needs the runner's buffers."""
         self.model = model
         self.kv_cache_manager = kv_cache_manager
         self.attn_backend = kv_cache_manager.attn_backend
@@ -54,6 +45,12 @@ class ModelRunner:
         self.buffers = InputBuffers(max_tokens, config.max_num_seqs,
                                     -(-max_model_len // block_size) if block_size else 0, device)
         self.decode_graphs: DecodeGraphs | None = None
+        self.proposer: Proposer | None = None
+        self.rejection_sampler: RejectionSampler | None = None
+
+    def set_proposer(self, proposer: Proposer, num_speculative_tokens: int) -> None:
+        self.proposer = proposer
+        self.rejection_sampler = RejectionSampler(self.sampler.generator, num_speculative_tokens)
 
     def capture_decode_graphs(self, capture: bool = True) -> None:
         """Run pure decode steps through CUDA graphs (cuda_graph.py); capture=False runs the same
@@ -62,41 +59,37 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute_model(self, batch: ScheduledBatch) -> ModelRunnerOutput:
-        model_input = self.prepare(batch)
-        return self.sample(self.execute(model_input), batch.seqs, model_input)
+        if self.proposer is None or not any(batch.num_spec_tokens):
+            model_input = self.prepare(batch)
+            return self.sample(self.execute(model_input), batch.seqs, model_input)
+        proposal = self.proposer.propose(batch.seqs, batch.num_spec_tokens)
+        spec = proposal.token_ids
+        logits = self.execute(self.prepare(batch, spec))
+        rows = [i for i, sample in enumerate(batch.do_sample) if sample]  # prompt chunks have no logits
+        emitted, sampled = self.rejection_sampler(logits, [batch.seqs[i] for i in rows], [spec[i] for i in rows],
+                                                  [proposal.probs[i] for i in rows])
+        tokens: list[list[int]] = [[] for _ in batch.seqs]
+        for i, run in zip(rows, emitted):
+            tokens[i] = run
+        return ModelRunnerOutput(tokens, sampled, spec)
 
-    def prepare(self, batch: ScheduledBatch) -> ModelInput:
-        input_ids: list[int] = []
-        positions: list[int] = []
-        query_start_loc = [0]
-        start_pos = []
-        for seq, n in zip(batch.seqs, batch.num_new_tokens):
-            start = seq.num_computed_tokens
-            input_ids += seq.token_ids[start:start + n]
-            positions += range(start, start + n)
-            query_start_loc.append(query_start_loc[-1] + n)
-            start_pos.append(start)
-        # Logits at each sampling sequence's last position.
-        num_logits = [int(sample) for sample in batch.do_sample]
-        logits_indices = [end - 1 for end, k in zip(query_start_loc[1:], num_logits) if k]
-        graph_size = self._graph_size(batch)
-        buffers = self.buffers
-        metadata = AttentionMetadata(query_start_loc=query_start_loc, start_pos=start_pos)
-        self.kv_cache_manager.fill_metadata(metadata, batch.seqs, batch.num_new_tokens, buffers, graph_size)
-        return ModelInput(stage(buffers.input_ids, input_ids, graph_size),
-                          stage(buffers.positions, positions, graph_size), metadata, logits_indices, num_logits,
-                          graph_size)
+    def prepare(self, batch: ScheduledBatch, spec_token_ids: list[list[int]] | None = None) -> ModelInput:
+        """The batch's inputs; with spec_token_ids, each sequence's drafts follow its last token (fewer
+        than the slots reserved where the proposer found fewer) and each gets logits."""
+        spec = spec_token_ids or [[] for _ in batch.seqs]
+        starts = [seq.num_computed_tokens for seq in batch.seqs]
+        token_ids = [seq.token_ids[start:start + n - reserved] + drafts for seq, start, n, reserved, drafts
+                     in zip(batch.seqs, starts, batch.num_new_tokens, batch.num_spec_tokens, spec)]
+        # Logits at each sampling sequence's last position, and at each of its drafts.
+        num_logits = [len(drafts) + 1 if sample else 0 for sample, drafts in zip(batch.do_sample, spec)]
+        return build_model_input(batch.seqs, starts, token_ids, num_logits, self.kv_cache_manager, self.buffers,
+                                 self._graph_size(batch))
 
     def execute(self, model_input: ModelInput) -> torch.Tensor | None:
         """Logits [rows, vocab] at model_input.logits_indices; None if the step samples nothing."""
         if model_input.graph_size is not None:
             return self.decode_graphs.run(model_input.graph_size)[:model_input.num_seqs]
-        hidden = self.model(model_input.input_ids, model_input.positions,
-                            functools.partial(self.attn_backend.forward, metadata=model_input.metadata))
-        if not model_input.logits_indices:
-            return None
-        rows = torch.tensor(model_input.logits_indices, device=self.device)
-        return self.model.compute_logits(hidden[rows])
+        return compute_logits(self.model, self.attn_backend, model_input)
 
     def sample(self, logits: torch.Tensor | None, seqs: list[Sequence], model_input: ModelInput) -> ModelRunnerOutput:
         if logits is None:

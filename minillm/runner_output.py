@@ -24,3 +24,6 @@ class ModelRunnerOutput:
     sampled_token_ids: list[list[int]]
     # The rows behind those tokens, in the same order, for their logprobs.
     sampler_output: SamplerOutput | None = None
+    # Speculative decoding: per sequence, the draft tokens this step verified. The tokens it produced
+    # are the accepted ones (a prefix of them) and then one of the target's own.
+    spec_token_ids: list[list[int]] | None = None

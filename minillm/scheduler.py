@@ -12,13 +12,17 @@ running sequence needs a block for its next token and none is free, the most rec
 sequence is preempted: its blocks are freed and it goes back to the front of the queue, to be
 recomputed from its tokens later (its output does not change). No request is admitted in a step
 that preempted.
+
+With speculative decoding (`num_lookahead_slots` = k), a decode also reserves cache slots and budget
+for the k draft tokens the step will verify; `update` keeps the K/V of the drafts the target accepted
+and gives back the blocks that only held rejected ones.
 """
 
 from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from minillm.engine_config import SchedulerConfig
 from minillm.kv_cache_manager import KVCacheManager
@@ -35,25 +39,29 @@ class ScheduledBatch:
     # Whether each sequence samples a token this step: not while a prompt chunk leaves some of
     # the prompt for later.
     do_sample: list[bool]
+    # Draft tokens each sequence may verify this step (speculative decoding), counted in num_new_tokens.
+    num_spec_tokens: list[int] = field(default_factory=list)
 
     @property
     def num_batched_tokens(self) -> int:
         return sum(self.num_new_tokens)
 
-    def add(self, seq: Sequence, num_new_tokens: int) -> int:
-        """Put seq in the batch, computing num_new_tokens of its tokens; returns that number."""
+    def add(self, seq: Sequence, num_new_tokens: int, num_spec_tokens: int = 0) -> int:
+        """Put seq in the batch, computing num_new_tokens of its tokens and verifying up to
+        num_spec_tokens drafts after them; returns the tokens that takes from the budget."""
         self.seqs.append(seq)
-        self.num_new_tokens.append(num_new_tokens)
+        self.num_new_tokens.append(num_new_tokens + num_spec_tokens)
         self.do_sample.append(seq.num_computed_tokens + num_new_tokens == seq.num_tokens)
-        return num_new_tokens
+        self.num_spec_tokens.append(num_spec_tokens)
+        return num_new_tokens + num_spec_tokens
 
     def decodes_first(self) -> None:
         """Reorder so that sequences computing one token come first, in their order: attention
         then runs them through the decode kernel in one call and only the rest through prefill."""
         order = sorted(range(len(self.seqs)), key=lambda i: self.num_new_tokens[i] > 1)
-        self.seqs = [self.seqs[i] for i in order]
-        self.num_new_tokens = [self.num_new_tokens[i] for i in order]
-        self.do_sample = [self.do_sample[i] for i in order]
+        for name in ("seqs", "num_new_tokens", "do_sample", "num_spec_tokens"):
+            values = getattr(self, name)
+            setattr(self, name, [values[i] for i in order])
 
 
 class Scheduler:
@@ -91,9 +99,10 @@ class Scheduler:
             if seq.status is not SequenceStatus.RUNNING:  # preempted a moment ago, for an older one
                 continue
             n = self.num_new_tokens(seq, budget)
-            if not self._reserve(seq, seq.num_computed_tokens + n, batch):
+            lookahead = self.num_lookahead_tokens(seq, n, budget)
+            if not self._reserve(seq, seq.num_computed_tokens + n + lookahead, batch):
                 continue
-            budget -= batch.add(seq, n)
+            budget -= batch.add(seq, n, lookahead)
         self.admit(batch, budget)
         batch.decodes_first()
         return batch
@@ -114,6 +123,14 @@ class Scheduler:
     def num_new_tokens(self, seq: Sequence, budget: int) -> int:
         """Tokens seq computes this step: all it has not computed yet, at most the budget left."""
         return self.kv_cache_manager.num_new_tokens(seq, budget)
+
+    def num_lookahead_tokens(self, seq: Sequence, num_new_tokens: int, budget: int) -> int:
+        """Draft tokens a decode may verify this step: k, fewer near max_tokens (a step emits at most
+        one token more than it verifies) or when the budget runs short; none for a prompt."""
+        decoding = num_new_tokens == 1 and seq.num_computed_tokens + 1 == seq.num_tokens
+        if not self.config.num_lookahead_slots or not decoding:
+            return 0
+        return max(0, min(self.config.num_lookahead_slots, seq.max_len - seq.num_tokens - 1, budget - 1))
 
     def allocate(self, seq: Sequence) -> bool:
         """Cache memory for a waiting sequence's tokens, which then counts as running; False (and
@@ -141,30 +158,36 @@ class Scheduler:
         return True
 
     def update(self, batch: ScheduledBatch, output: ModelRunnerOutput) -> list[Sequence]:
-        """A step's aftermath: the cache holds what the step computed (and registers the blocks it
-        filled in the prefix cache), each sequence takes the tokens the step produced for it, one at a
-        time until one stops it, and finished sequences leave and free their memory. Returns the
-        sequences that received tokens, in batch order."""
-        for seq, n in zip(batch.seqs, batch.num_new_tokens):
-            self.kv_cache_manager.mark_computed(seq, n)
+        """A step's aftermath: each sequence takes the tokens the step produced for it, one at a time
+        until one stops it; the cache holds what the step computed (and registers the blocks it filled
+        in the prefix cache); finished sequences leave and free their memory. Returns the sequences
+        that received tokens, in batch order."""
         received = []
         row = 0  # of the sequence's first token in output.sampler_output
-        for seq, tokens in zip(batch.seqs, output.sampled_token_ids):
+        specs = output.spec_token_ids or [[] for _ in batch.seqs]
+        for seq, n, lookahead, spec, tokens in zip(batch.seqs, batch.num_new_tokens, batch.num_spec_tokens,
+                                                   specs, output.sampled_token_ids):
             for i, token in enumerate(tokens):
                 self.append_token(seq, token, output.sampler_output, row + i)
                 if seq.finish_reason is not None:
                     break  # tokens after a stop are never shown
             row += len(tokens)
+            # Of the drafts verified, the accepted ones are computed; the rejected ones' K/V stay in
+            # the cache as garbage, overwritten before anyone reads them. Never past the tokens kept.
+            computed = n - lookahead + (len(tokens) - 1 if spec else 0)
+            self.kv_cache_manager.mark_computed(seq, min(computed, seq.num_tokens - seq.num_computed_tokens))
             if tokens:
                 received.append(seq)
             if seq.finish_reason is not None:
                 self.finish(seq)
+            elif lookahead:
+                self.kv_cache_manager.truncate(seq)  # blocks that held only rejected drafts
         return received
 
     def preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
         self.kv_cache_manager.free(seq)
-        seq.num_computed_tokens = 0
+        seq.num_computed_tokens = seq.num_draft_computed_tokens = 0
         seq.status = SequenceStatus.WAITING
         self.waiting.appendleft(seq)
 

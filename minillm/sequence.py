@@ -38,6 +38,10 @@ class Sequence:
         self.block_table: list[int] = []  # paged cache: the pool blocks holding this sequence's K/V
         self.block_hashes: list[int] = []  # prefix-cache hashes of its full blocks, in order
         self.num_cached_tokens = 0  # prompt tokens found in the prefix cache instead of computed
+        # Speculative decoding: the draft tokens a step verifies after token_ids, and how many tokens
+        # a draft model holds K/V for in its own pool (spec_decode/draft_model.py).
+        self.spec_token_ids: list[int] = []
+        self.num_draft_computed_tokens = 0
         self.output_text = ""
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None
@@ -69,9 +73,10 @@ class Sequence:
     def is_finished(self) -> bool:
         return self.status is SequenceStatus.FINISHED
 
-    def banned_token_ids(self) -> list[int]:
-        """Tokens that may not be sampled yet: end-of-sequence tokens before min_tokens."""
-        if self.num_output_tokens >= self.params.min_tokens:
+    def banned_token_ids(self, offset: int = 0) -> list[int]:
+        """Tokens that may not be sampled yet, offset tokens past the end: end-of-sequence tokens
+        before min_tokens."""
+        if self.num_output_tokens + offset >= self.params.min_tokens:
             return []
         return sorted(self.eos_token_ids.union(self.params.stop_token_ids))
 

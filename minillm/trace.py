@@ -25,6 +25,11 @@ class SeqState:
     finish_reason: str | None = None  # set in the step the sequence finished
     block_table: tuple[int, ...] = ()  # paged cache: pool blocks holding this sequence's K/V, in order
     num_cached_tokens: int = 0  # paged cache: prompt tokens that were prefix-cache hits
+    # Speculative decoding: the draft tokens this step verified, how many of them the target accepted
+    # (a prefix), and the target's own token after them (recovered after a rejection, or the bonus).
+    spec_token_ids: tuple[int, ...] = ()
+    num_accepted_tokens: int = 0
+    target_token_id: int | None = None
 
 
 @dataclass(frozen=True)
@@ -59,6 +64,8 @@ class TraceInfo:
     max_num_seqs: int
     block_size: int = 0  # paged cache only
     num_kv_blocks: int = 0  # paged cache only
+    speculative_method: str | None = None  # "draft_model" or "ngram" when speculating
+    num_speculative_tokens: int = 0  # k: draft tokens proposed per sequence and step, at most
 
 
 @dataclass

@@ -2,7 +2,8 @@
 Chromium runs all the cells of a chapter, and its widget must show its controls and its plotly
 chart, answer them, and leave no error in the notebook, the page or its console. CacheGrowth
 (01_kv_cache) answers its unit toggle and its step slider; QuantError (06_quantization) its layer
-dropdown and its method toggle.
+dropdown and its method toggle; DraftAcceptance, which no chapter shows yet, follows a speculating
+engine in a notebook written here, and answers its step slider.
 
 Needs Debian's Chromium (/usr/bin/chromium) and playwright; without them the tests skip, unless
 MINILLM_REQUIRE_BROWSER=1 (.ci/run sets it) makes that a failure. Screenshots are written to
@@ -27,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
+import nbformat
 import pytest
 from notebook_runs import NOTEBOOK_ENV, ROOT
 
@@ -52,6 +54,20 @@ ARTIFACTS = ROOT / "artifacts" / "browser"  # a folder per notebook, each test c
 METHODS = '.widget-toggle-buttons:has(.widget-label:text-is("method"))'
 GROUP_SIZES = '.widget-toggle-buttons:has(.widget-label:text-is("group size"))'
 KERNEL_IDLE = "Python 3 (ipykernel) | Idle"  # JupyterLab's status bar once the kernel can take work
+KERNELSPEC = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}  # as the chapters'
+# The cells of a notebook that shows DraftAcceptance live: the engine speculates with the draft model.
+DRAFT_ACCEPTANCE_CELLS = [
+    """import os
+
+from minillm import LLM, SamplingParams
+from minillm.widgets import DraftAcceptance
+
+llm = LLM(os.environ["MINILLM_MODEL"],
+          speculative_config={"model": os.environ["MINILLM_DRAFT_MODEL"], "num_speculative_tokens": 4})""",
+    "view = DraftAcceptance(llm)\nview",
+    """params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+outputs = llm.generate(["def f(x):\\n    return x\\n\\ndef g(x):\\n", "The little dog"], params)""",
+]
 
 # Every request that leaves 127.0.0.1 is aborted, so that a hidden CDN dependency fails here instead
 # of hanging or passing on a networked laptop. These are expected, with why they are harmless; the
@@ -89,6 +105,14 @@ def test_quant_error_renders_and_responds_in_jupyterlab(tmp_path: Path) -> None:
         widget = widget_output(page, "QuantError(llm, ", shots, "quant_error",
                                controls=(".widget-dropdown select", METHODS, GROUP_SIZES))
         check_quant_error_responds(widget, shots)
+
+
+def test_draft_acceptance_renders_and_responds_in_jupyterlab(tmp_path: Path) -> None:
+    notebook = write_notebook(tmp_path, "draft_acceptance.ipynb", DRAFT_ACCEPTANCE_CELLS)
+    with notebook_run_in_lab(tmp_path, notebook) as (page, shots):
+        widget = widget_output(page, "view = DraftAcceptance(llm)", shots, "draft_acceptance",
+                               controls=(".widget-slider",))
+        check_draft_acceptance_responds(widget, shots)
 
 
 @contextlib.contextmanager
@@ -210,6 +234,27 @@ def check_quant_error_responds(widget: Locator, shots: Path) -> None:
     widget.screenshot(path=shots / "quant_error-int8.png")
 
 
+def check_draft_acceptance_responds(widget: Locator, shots: Path) -> None:
+    """Once `generate` has returned, the chart shows the run's drafts up to its last step; the slider
+    takes it back to the first step, the prompts' prefill, where nothing has been drafted yet."""
+    title = widget.locator("text.gtitle")  # e.g. "Draft acceptance · draft_model, k=4 ... after step 11: α so far 0.64"
+    points = widget.locator(".js-plotly-plot .scatterlayer .point")  # the grid's squares and dots
+    slider = widget.locator(".widget-slider")
+    last, first = slider_bound(slider, "max"), slider_bound(slider, "min")
+    expect(slider.locator(".widget-readout")).to_have_text(last)
+    expect(title).to_contain_text("Draft acceptance · draft_model, k=4")
+    expect(title).to_contain_text(f"after step {last}: α so far ")
+    expect(points).not_to_have_count(0)
+    # The first draw, before any step, was a notice; nothing of it may linger over the chart.
+    expect(widget.locator(".js-plotly-plot .annotation")).to_have_count(0)
+
+    slider.locator(".noUi-handle").press("Home")
+    expect(slider.locator(".widget-readout")).to_have_text(first)
+    expect(title).to_contain_text(f"after step {first}: no drafts yet")
+    expect(points).to_have_count(0)
+    widget.screenshot(path=shots / "draft_acceptance-first-step.png")
+
+
 def slider_bound(slider: Locator, bound: str) -> str:
     """The slider's "min" or "max" as its readout writes an integer; noUiSlider's handle carries
     it as an ARIA attribute such as "383.0"."""
@@ -228,12 +273,28 @@ def require_browser() -> None:
     pytest.skip(missing + "; MINILLM_REQUIRE_BROWSER=1 makes this a failure")
 
 
+def served_folder(tmp_path: Path) -> Path:
+    return tmp_path / "served"
+
+
+def write_notebook(tmp_path: Path, name: str, cells: list[str]) -> str:
+    """A notebook of these code cells, served beside the chapters' copies (for a view no chapter
+    shows); returns its path for `notebook_run_in_lab`."""
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells],
+                                  metadata={"kernelspec": KERNELSPEC})  # without one, Lab asks which kernel
+    path = served_folder(tmp_path) / "written" / name
+    path.parent.mkdir(parents=True)
+    nbformat.write(nb, path)
+    return f"written/{name}"
+
+
 @contextlib.contextmanager
 def jupyter_lab(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     """A JupyterLab on a free local port, open to anyone on this machine (no token, no XSRF check),
-    serving a copy of the notebooks (the frontend autosaves into it, never into the repo); yields
-    its URL and its log file, and stops it (and so its kernels) in the end."""
-    served = tmp_path / "served"
+    serving a copy of the notebooks and those `write_notebook` wrote (the frontend autosaves into
+    them, never into the repo); yields its URL and its log file, and stops it (and so its kernels)
+    in the end."""
+    served = served_folder(tmp_path)
     shutil.copytree(ROOT / "notebooks", served / "notebooks")
     dirs = {name: tmp_path / name for name in ("config", "data", "settings", "workspaces")}
     write_lab_settings(dirs["settings"])

@@ -7,7 +7,7 @@ import subprocess
 from pathlib import Path
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "gpu_check.sh"
-STEPS = ("env", "tests", "attention", "quant", "model", "decode", "host", "throughput")
+STEPS = ("env", "tests", "attention", "quant", "model", "decode", "host", "throughput", "spec", "spec-large")
 
 
 def test_gpu_check_runs_dry_and_names_every_step(tmp_path):

@@ -29,11 +29,12 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "minillm.layers", "minillm.models", "minillm.quant.linear")),
     ("attention backends, KV caches, engine settings", (
         "minillm.attention", "minillm.kv_pool", "minillm.kv_cache", "minillm.block_manager",
-        "minillm.kv_cache_manager", "minillm.sequence", "minillm.input_buffers", "minillm.engine_config")),
+        "minillm.kv_cache_manager", "minillm.sequence", "minillm.input_buffers", "minillm.model_input",
+        "minillm.spec_decode.config", "minillm.spec_decode.chi_square", "minillm.engine_config")),
     ("a step: scheduler, model runner, sampler; loading and saving models", (
         "minillm.scheduler", "minillm.model_runner", "minillm.cuda_graph", "minillm.output_processor",
-        "minillm.layers.sampler", "minillm.loader", "minillm.quant_checkpoint")),
-    ("engine", ("minillm.engine",)),
+        "minillm.layers.sampler", "minillm.loader", "minillm.quant_checkpoint", "minillm.spec_decode")),
+    ("engine", ("minillm.engine", "minillm.engine_metrics")),
     ("LLM, the public API", ("minillm.llm", "minillm")),
     ("tools and course", (
         "minillm.cli", "minillm.bench", "minillm.eval", "minillm.grading", "minillm.course", "minillm.widgets")),

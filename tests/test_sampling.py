@@ -78,7 +78,7 @@ class _FakeSeq:
     def __init__(self, params: SamplingParams, generator=None, banned=()):
         self.params, self.generator, self._banned = params, generator, list(banned)
 
-    def banned_token_ids(self):
+    def banned_token_ids(self, offset: int = 0):
         return self._banned
 
 

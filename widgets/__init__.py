@@ -4,18 +4,19 @@ quantization (minillm/quant) does to one linear layer.
 
 Two layers:
 - pure figures, `trace -> plotly go.Figure`, deterministic and free of ipywidgets:
-  `cache_growth_figure`, `block_pool_figure`, `batch_slots_figure`; built on timeseries.py (per-step
-  columns, shared axes and lines), colors.py (one colour per request id) and formatting.py
-  (`format_bytes`, `format_percent`); and `quant_error_figure`, `weight -> go.Figure` (quant_error.py);
+  `cache_growth_figure`, `block_pool_figure`, `batch_slots_figure`, `draft_acceptance_figure` (with
+  `acceptance_stats`, the numbers it draws); built on timeseries.py (per-step columns, shared axes
+  and lines), colors.py (one colour per request id) and formatting.py (`format_bytes`,
+  `format_percent`); and `quant_error_figure`, `weight -> go.Figure` (quant_error.py);
 - live views, ipywidgets that follow an engine while `generate` runs or show a recorded trace:
-  `CacheGrowth`, `BlockPool`, `BatchSlots`; built on live.py (listener, throttled redraw, step slider)
-  and figure_host.py (plotly FigureWidget, or an Output fallback); and `QuantError`, a layer
-  dropdown and method / group size toggles over `quant_error_figure`, on figure_host.py alone.
+  `CacheGrowth`, `BlockPool`, `BatchSlots`, `DraftAcceptance`; built on live.py (listener, throttled
+  redraw, step slider) and figure_host.py (plotly FigureWidget, or an Output fallback); and
+  `QuantError`, a layer dropdown and method / group size toggles over `quant_error_figure`, on
+  figure_host.py alone.
 
-Adding a view, e.g. DraftAcceptance: a pure `draft_acceptance_figure(trace, *, step=None)` from
-`per_step` / `step_figure` / `total_line`; then `class DraftAcceptance(LiveView)` with its
-`figure(step)` calling it, as BlockPool and BatchSlots do with `request_color` and LiveView, whose
-step slider picks the step to show.
+Adding a view: a pure `..._figure(trace, *, step=None)` from `upto` / `per_step` / `step_figure` /
+`total_line`; then a `LiveView` subclass with its `figure(step)` calling it, as BlockPool, BatchSlots
+and DraftAcceptance do, whose step slider picks the step to show.
 
 Live views are imported lazily, so the pure layer works without ipywidgets.
 """
@@ -24,11 +25,13 @@ from .batch_slots import batch_slots_figure
 from .block_pool import block_pool_figure
 from .cache_growth import cache_growth_figure
 from .colors import request_color
+from .draft_acceptance import acceptance_stats, draft_acceptance_figure
 from .formatting import format_bytes, format_percent
 from .quant_error import quant_error_figure
 
-__all__ = ["BatchSlots", "BlockPool", "CacheGrowth", "QuantError", "batch_slots_figure", "block_pool_figure",
-           "cache_growth_figure", "format_bytes", "format_percent", "quant_error_figure", "request_color"]
+__all__ = ["BatchSlots", "BlockPool", "CacheGrowth", "DraftAcceptance", "QuantError", "acceptance_stats",
+           "batch_slots_figure", "block_pool_figure", "cache_growth_figure", "draft_acceptance_figure", "format_bytes",
+           "format_percent", "quant_error_figure", "request_color"]
 
 
 def __getattr__(name: str):
@@ -44,6 +47,10 @@ def __getattr__(name: str):
         from .block_pool_view import BlockPool
 
         return BlockPool
+    if name == "DraftAcceptance":
+        from .draft_acceptance_view import DraftAcceptance
+
+        return DraftAcceptance
     if name == "QuantError":
         from .quant_error_view import QuantError
 

@@ -118,6 +118,18 @@ def _bench_step(args) -> None:
     print(f"wrote {args.out}")
 
 
+def _bench_spec(args) -> None:
+    from minillm.bench.report import format_table, write_json
+    from minillm.bench.spec import COLUMNS, bench_spec
+
+    rows, summary = bench_spec(args.model, args.draft, args.ks, args.batch_sizes, args.temperatures,
+                               args.num_tokens, args.methods, args.device, args.dtype)
+    print(format_table(rows, COLUMNS))
+    print(json.dumps(summary))
+    write_json(args.out, "spec", _bench_config(args), rows, summary)
+    print(f"wrote {args.out}")
+
+
 def add_bench_commands(sub: argparse._SubParsersAction, model_args: Callable[[argparse.ArgumentParser], None],
                        text_arg: Callable[[argparse.ArgumentParser], None]) -> None:
     """`minillm bench NAME ...`; model_args and text_arg add the arguments shared with other commands."""
@@ -170,6 +182,15 @@ def add_bench_commands(sub: argparse._SubParsersAction, model_args: Callable[[ar
     step = bench_command("step", "host time of a decode step by phase (schedule, prepare, execute, sample, "
                          "update), here and at another git revision", _bench_step)
     step.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16, 64])
+    spec = bench_command("spec", "plain against speculative decoding: tokens per call, cost model, speedup",
+                         _bench_spec)
+    spec.add_argument("--draft", default="tiny-draft", help="the draft model of the draft_model method")
+    spec.add_argument("--methods", nargs="+", default=None, choices=["draft_model", "ngram", "draft=target"],
+                      help="default: all three")
+    spec.add_argument("--ks", type=int, nargs="+", default=[1, 2, 3, 4, 5, 6, 7, 8])
+    spec.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4, 16, 64])
+    spec.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 0.8])
+    spec.add_argument("--num-tokens", type=int, default=128, help="generated per request")
     step.add_argument("--steps", type=int, default=50, help="decode steps timed per batch size")
     step.add_argument("--baseline", metavar="REV", default=None,
                       help="also measure this git revision's engine (a temporary worktree), and compare")

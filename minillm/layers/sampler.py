@@ -10,6 +10,7 @@ shares the batch.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -34,8 +35,11 @@ class SamplingMetadata:
     all_greedy: bool  # known on the host, so that a greedy step never waits on the device to decide
 
     @classmethod
-    def from_seqs(cls, seqs, device: torch.device) -> SamplingMetadata:
+    def from_seqs(cls, seqs, device: torch.device, offsets: list[int] | None = None) -> SamplingMetadata:
+        """A row per sequence; offsets: how many tokens past its end each row samples (speculation
+        verifies several positions of one sequence, and min_tokens may end among them)."""
         params = [s.params for s in seqs]
+        offsets = offsets or [0] * len(seqs)
 
         def column(values, dtype, unused):
             return None if all(v == unused for v in values) else torch.tensor(values, dtype=dtype, device=device)
@@ -46,10 +50,27 @@ class SamplingMetadata:
             top_p=column([p.top_p for p in params], torch.float32, 1.0),
             min_p=column([p.min_p for p in params], torch.float32, 0.0),
             generators=[s.generator for s in seqs],
-            banned_token_ids=[s.banned_token_ids() for s in seqs],
+            banned_token_ids=[s.banned_token_ids(o) for s, o in zip(seqs, offsets)],
             num_logprobs=[p.logprobs for p in params],
             all_greedy=all(p.greedy for p in params),
         )
+
+
+def sampling_probs(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
+    """The distribution each row samples from, after temperature, min_p, top_k and top_p: [B, vocab].
+    Greedy rows get a near one-hot; callers take their argmax instead."""
+    x = logits / meta.temperature.clamp(min=GREEDY_EPS)[:, None]
+    if meta.min_p is not None:
+        x = apply_min_p(x, meta.min_p)
+    if meta.top_k is not None or meta.top_p is not None:
+        x = apply_top_k_top_p(x, meta.top_k, meta.top_p)
+    return x.softmax(dim=-1)
+
+
+def ban_tokens(logits: torch.Tensor, banned_token_ids: list[list[int]]) -> None:
+    for row, banned in enumerate(banned_token_ids):
+        if banned:
+            logits[row, banned] = -math.inf
 
 
 def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
@@ -85,42 +106,45 @@ class Sampler:
         """logits: [B, vocab] float32 -> one token per row."""
         want_logprobs = any(n is not None for n in meta.num_logprobs)
         raw_logprobs = logits.log_softmax(dim=-1) if want_logprobs else None
-        for row, banned in enumerate(meta.banned_token_ids):
-            if banned:
-                logits[row, banned] = -math.inf
+        ban_tokens(logits, meta.banned_token_ids)
         tokens = logits.argmax(dim=-1) if meta.all_greedy else self._sample(logits, meta)
         out = SamplerOutput(token_ids=tokens.tolist())
         if raw_logprobs is not None:
-            self._fill_logprobs(out, raw_logprobs, tokens, max(n or 0 for n in meta.num_logprobs))
+            fill_logprobs(out, raw_logprobs, tokens, max(n or 0 for n in meta.num_logprobs))
         return out
 
     def _sample(self, logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
         greedy_rows = meta.temperature < GREEDY_EPS
-        x = logits / meta.temperature.clamp(min=GREEDY_EPS)[:, None]
-        if meta.min_p is not None:
-            x = apply_min_p(x, meta.min_p)
-        if meta.top_k is not None or meta.top_p is not None:
-            x = apply_top_k_top_p(x, meta.top_k, meta.top_p)
-        probs = x.softmax(dim=-1)
+        probs = sampling_probs(logits, meta)
         sampled = probs.div_(self._exponential_noise(probs, meta.generators)).argmax(dim=-1)
         return torch.where(greedy_rows, logits.argmax(dim=-1), sampled)
 
     def _exponential_noise(self, probs: torch.Tensor, generators: list[torch.Generator | None]) -> torch.Tensor:
-        noise = torch.empty_like(probs)
-        shared = [i for i, g in enumerate(generators) if g is None]
-        if shared:
-            noise[shared] = torch.empty(len(shared), probs.shape[1], device=probs.device).exponential_(
-                generator=self.generator)
-        for row, gen in enumerate(generators):
-            if gen is not None:
-                noise[row].exponential_(generator=gen)
-        return noise
+        return per_row_random(probs.shape, generators, self.generator, torch.Tensor.exponential_)
 
-    @staticmethod
-    def _fill_logprobs(out: SamplerOutput, raw: torch.Tensor, tokens: torch.Tensor, top_n: int) -> None:
-        chosen = raw.gather(1, tokens[:, None])
-        out.sampled_logprobs = chosen[:, 0].tolist()
-        out.sampled_ranks = ((raw > chosen).sum(dim=-1) + 1).tolist()
-        if top_n:
-            values, ids = raw.topk(top_n, dim=-1)
-            out.top_logprobs, out.top_token_ids = values.tolist(), ids.tolist()
+
+def per_row_random(shape: tuple[int, ...], generators: list[torch.Generator | None], shared: torch.Generator,
+                   fill: Callable[..., torch.Tensor]) -> torch.Tensor:
+    """Random values [rows, ...] filled in place by `fill` (e.g. Tensor.exponential_): a row with a
+    generator of its own draws from it alone, so a seeded request gets the same numbers in any batch;
+    the other rows draw together from `shared`."""
+    device = shared.device
+    out = torch.empty(shape, device=device)
+    rows = [i for i, g in enumerate(generators) if g is None]
+    if rows:
+        out[rows] = fill(torch.empty((len(rows), *shape[1:]), device=device), generator=shared)
+    for row, gen in enumerate(generators):
+        if gen is not None:
+            fill(out[row], generator=gen)
+    return out
+
+
+def fill_logprobs(out: SamplerOutput, raw: torch.Tensor, tokens: torch.Tensor, top_n: int) -> None:
+    """The chosen tokens' logprobs and ranks under raw (log_softmax of the unfiltered logits), and the
+    top_n most likely tokens of each row."""
+    chosen = raw.gather(1, tokens[:, None])
+    out.sampled_logprobs = chosen[:, 0].tolist()
+    out.sampled_ranks = ((raw > chosen).sum(dim=-1) + 1).tolist()
+    if top_n:
+        values, ids = raw.topk(top_n, dim=-1)
+        out.top_logprobs, out.top_token_ids = values.tolist(), ids.tolist()

@@ -1,0 +1,131 @@
+"""`minillm bench spec`: plain decoding against speculative decoding, side by side in one run.
+
+For each batch size and temperature the same prompts are generated plainly and then with each
+proposer and k: a draft model, prompt lookup (n-gram), and the target as its own draft (greedy, it
+accepts everything, so that run measures what the machinery itself costs). Each row reports:
+
+- tokens per target call, measured (accepted drafts plus the target's token, per verification)
+  and the formula (1 - alpha^(k+1)) / (1 - alpha) at the measured alpha (accepted / judged);
+- c, the proposer's cost per draft token, and v, the rest of a speculative step (the target's
+  verification, the rejection sampler), both in units of a plain decode step at that batch size;
+- the speedup the cost model predicts, formula / (c k + v), beside the measured one: plain
+  seconds over speculative seconds for the same requests, by the wall clock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import time
+from unittest import mock
+
+from tqdm.auto import tqdm
+
+from minillm import LLM, SamplingParams
+from minillm.eval.heldout import eval_token_ids
+from minillm.loader import load_tokenizer, resolve_model_path
+from minillm.spec_decode.acceptance import acceptance_stats
+from minillm.trace import record
+
+PROMPT_LEN = 32
+COLUMNS = [("method", "method"), ("temperature", "temp"), ("batch", "batch"), ("k", "k"),
+           ("tokens_per_s", "tokens/s"), ("speedup", "speedup"), ("predicted_speedup", "predicted"),
+           ("alpha", "alpha"), ("acceptance_rate", "accepted/proposed"), ("tokens_per_call", "tokens/call"),
+           ("expected_tokens_per_call", "formula"), ("c", "c"), ("v", "v")]
+
+
+def methods(model: str, draft: str) -> dict[str, dict]:
+    """Name -> speculative_config without k."""
+    return {"draft_model": {"model": draft}, "ngram": {"method": "ngram", "prompt_lookup_max": 4,
+                                                       "prompt_lookup_min": 2},
+            "draft=target": {"model": model}}
+
+
+def workload(model: str, batch: int, num_tokens: int, temperature: float) -> tuple[list[dict], list[SamplingParams]]:
+    """batch held-out prompts of PROMPT_LEN tokens, from different places in the text; seeded when sampled."""
+    ids = _heldout_ids(model)
+    stride = (len(ids) - PROMPT_LEN) // batch
+    prompts = [{"prompt_token_ids": ids[i * stride:i * stride + PROMPT_LEN]} for i in range(batch)]
+    params = [SamplingParams(temperature=temperature, max_tokens=num_tokens, ignore_eos=True,
+                             seed=i if temperature else None) for i in range(batch)]
+    return prompts, params
+
+
+@functools.cache
+def _heldout_ids(model: str) -> list[int]:
+    return eval_token_ids(load_tokenizer(resolve_model_path(model)))
+
+
+def timed_generate(llm: LLM, prompts: list[dict], params: list[SamplingParams]) -> dict:
+    """Seconds of the whole generate, seconds inside the proposer, steps, and the trace's acceptance."""
+    engine = llm.llm_engine
+    llm.generate(prompts[:1], params[:1], use_tqdm=False)  # warm-up
+    proposing = [0.0]
+    proposer = engine.model_runner.proposer
+
+    def propose(*args, _inner=proposer.propose if proposer else None):
+        start = time.perf_counter()
+        try:
+            return _inner(*args)
+        finally:
+            proposing[0] += time.perf_counter() - start
+
+    timing = mock.patch.object(proposer, "propose", propose) if proposer else contextlib.nullcontext()
+    with record(llm) as trace, timing:
+        start = time.perf_counter()
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        seconds = time.perf_counter() - start
+    return {"seconds": seconds, "propose_seconds": proposing[0], "steps": len(trace.events),
+            "tokens": sum(len(o.outputs[0].token_ids) for o in outs), "stats": acceptance_stats(trace)}
+
+
+def bench_spec(model: str, draft: str, ks: list[int], batch_sizes: list[int], temperatures: list[float],
+               num_tokens: int, method_names: list[str] | None = None, device: str | None = None,
+               dtype: str = "auto") -> tuple[list[dict], dict]:
+    engine_args = {"device": device, "dtype": dtype, "max_num_seqs": max(batch_sizes),
+                   "max_model_len": PROMPT_LEN + num_tokens + 1}
+    configs = {name: config for name, config in methods(model, draft).items()
+               if method_names is None or name in method_names}
+    runs = [(name, k) for name in configs for k in ks]
+    plain = LLM(model, **engine_args)
+    engines = {run: LLM(model, speculative_config={**configs[run[0]], "num_speculative_tokens": run[1]},
+                        **engine_args) for run in runs}
+    rows = []
+    with tqdm(total=len(temperatures) * len(batch_sizes) * (len(runs) + 1), desc="bench spec", leave=False) as bar:
+        for temperature in temperatures:
+            for batch in batch_sizes:
+                prompts, params = workload(model, batch, num_tokens, temperature)
+                base = timed_generate(plain, prompts, params)
+                bar.update()
+                step = base["seconds"] / base["steps"]  # a plain step at this batch size
+                rows.append({"method": "plain", "temperature": temperature, "batch": batch, "k": 0,
+                             "tokens_per_s": base["tokens"] / base["seconds"], "speedup": 1.0})
+                for name, k in runs:
+                    run = timed_generate(engines[name, k], prompts, params)
+                    bar.update()
+                    rows.append(_row(name, k, temperature, batch, run, base, step))
+    return rows, _summary(rows)
+
+
+def _row(name: str, k: int, temperature: float, batch: int, run: dict, base: dict, plain_step: float) -> dict:
+    stats = run["stats"]
+    c = run["propose_seconds"] / run["steps"] / k / plain_step
+    v = (run["seconds"] - run["propose_seconds"]) / run["steps"] / plain_step
+    expected = stats["expected_tokens_per_target_call"]
+    return {"method": name, "temperature": temperature, "batch": batch, "k": k,
+            "tokens_per_s": run["tokens"] / run["seconds"], "speedup": base["seconds"] / run["seconds"],
+            "predicted_speedup": expected / (c * k + v) if expected else None,
+            "alpha": stats["alpha"], "acceptance_rate": stats["acceptance_rate"],
+            "tokens_per_call": stats["tokens_per_target_call"], "expected_tokens_per_call": expected, "c": c, "v": v}
+
+
+def _summary(rows: list[dict]) -> dict:
+    """The best k of each method, temperature and batch size, by measured speedup."""
+    best: dict[str, dict] = {}
+    for row in rows:
+        if row["method"] == "plain":
+            continue
+        key = f"{row['method']} temp={row['temperature']} batch={row['batch']}"
+        if key not in best or row["speedup"] > best[key]["speedup"]:
+            best[key] = {"k": row["k"], "speedup": row["speedup"], "predicted_speedup": row["predicted_speedup"]}
+    return {"best_k": best}

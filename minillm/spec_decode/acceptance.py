@@ -1,0 +1,93 @@
+"""Acceptance of speculative decoding: how many drafts the target kept, Leviathan et al.'s alpha,
+and tokens per target call measured against the formula. The engine counts every verification
+(`LLM.get_metrics()`); a trace gives the same numbers for a run (the DraftAcceptance widget,
+`minillm bench spec`, chapter 05)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import TypedDict
+
+from minillm.trace import SeqState, Trace
+
+
+class AcceptanceStats(TypedDict):
+    drafts: int  # proposals verified: one per sequence and step that speculated
+    draft_tokens: int  # tokens proposed
+    accepted_tokens: int
+    judged_tokens: int  # positions the target decided on: up to and including the first rejection
+    alpha: float | None  # accepted / judged; None before the first draft
+    acceptance_rate: float | None  # vLLM's accepted / proposed, for comparison
+    tokens_per_target_call: float | None  # (accepted + one target token per verify) / verifies
+    expected_tokens_per_target_call: float | None  # the formula at alpha
+    accepted_per_position: list[int]  # proposals whose i-th draft token was accepted
+
+
+@dataclass
+class AcceptanceCounts:
+    """Running totals over verified proposals."""
+
+    k: int
+    drafts: int = 0
+    draft_tokens: int = 0
+    accepted: int = 0
+    judged: int = 0
+    per_position: list[int] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.per_position = [0] * self.k
+
+    def add(self, proposed: int, accepted: int) -> None:
+        """A proposal of `proposed` draft tokens, of which the target kept the first `accepted`."""
+        self.drafts += 1
+        self.draft_tokens += proposed
+        self.accepted += accepted
+        self.judged += min(accepted + 1, proposed)
+        self.per_position += [0] * (proposed - len(self.per_position))  # a proposal longer than k: not expected
+        for i in range(accepted):
+            self.per_position[i] += 1
+
+    @property
+    def alpha(self) -> float | None:
+        return self.accepted / self.judged if self.judged else None
+
+    @property
+    def tokens_per_call(self) -> float | None:
+        return (self.accepted + self.drafts) / self.drafts if self.drafts else None
+
+
+def expected_tokens_per_call(alpha: float, k: int) -> float:
+    """Leviathan et al. (2023), eq. 1: the expected tokens one target call yields when each draft
+    token is accepted with probability alpha, independently: (1 - alpha^(k+1)) / (1 - alpha)."""
+    return float(k + 1) if alpha == 1 else (1 - alpha ** (k + 1)) / (1 - alpha)
+
+
+def proposals(trace: Trace) -> Iterator[tuple[int, SeqState]]:
+    """(step, sequence) for every proposal the target verified, in order."""
+    for event in trace.events:
+        for seq in event.seqs:
+            if seq.spec_token_ids:
+                yield event.step, seq
+
+
+def acceptance_stats(trace: Trace) -> AcceptanceStats:
+    """The run's acceptance numbers.
+
+    alpha is Leviathan et al.'s: the chance the target accepts a draft token it judges, estimated
+    as accepted / judged, where a proposal's judged positions end at its first rejection. vLLM's
+    acceptance rate, accepted / proposed, also counts the positions after a rejection, which the
+    target never judged (they are discarded with it), as failures: it is lower, falls as k grows,
+    and put into the formula it underestimates the speed-up. With independent acceptances at rate
+    alpha, accepted / judged tends to alpha and the formula to the measured tokens per call."""
+    counts = AcceptanceCounts(trace.info.num_speculative_tokens)
+    for _, seq in proposals(trace):
+        counts.add(len(seq.spec_token_ids), seq.num_accepted_tokens)
+    alpha = counts.alpha
+    return AcceptanceStats(
+        drafts=counts.drafts, draft_tokens=counts.draft_tokens, accepted_tokens=counts.accepted,
+        judged_tokens=counts.judged, alpha=alpha,
+        acceptance_rate=counts.accepted / counts.draft_tokens if counts.draft_tokens else None,
+        tokens_per_target_call=counts.tokens_per_call,
+        expected_tokens_per_target_call=None if alpha is None else expected_tokens_per_call(alpha, counts.k),
+        accepted_per_position=counts.per_position)

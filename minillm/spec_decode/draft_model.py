@@ -1,0 +1,75 @@
+"""Drafts from a small model of the same vocabulary, run on the same sequences as the target.
+
+The draft keeps K/V in a paged pool of its own with as many blocks as the target's, addressed by the
+target's block tables: a block id means the same tokens in both pools, so the block manager, the
+lookahead slots the scheduler reserves and preemption serve the draft too. Proposing k tokens takes
+k draft steps: the first catches the draft up on every token it has not seen (a whole prompt, or the
+one or two tokens the last verification added), each later one feeds the previous draft token.
+
+Rollback is a number: the draft's K/V for rejected tokens stay in the pool, but the draft counts as
+having computed only the tokens the target kept, so they are overwritten before they are read.
+A new sequence's draft starts from its first token even when the target found its prompt in the
+prefix cache: the draft's K/V for a cached block may be missing its last token, which the draft
+never fed when it was proposed last.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from minillm.input_buffers import InputBuffers
+from minillm.kv_cache_manager import KVCacheManager
+from minillm.layers.sampler import SamplingMetadata, ban_tokens, per_row_random, sampling_probs
+from minillm.model_input import build_model_input, compute_logits
+from minillm.models.llama import LlamaForCausalLM
+from minillm.sequence import Sequence
+from minillm.spec_decode.proposal import Proposal
+
+
+class DraftModelProposer:
+    def __init__(self, model: LlamaForCausalLM, kv_cache_manager: KVCacheManager, buffers: InputBuffers,
+                 generator: torch.Generator) -> None:
+        """kv_cache_manager: the draft's pool and attention over the target's block manager; buffers:
+        the runner's (the draft runs before the target in a step); generator: for unseeded requests."""
+        self.model = model
+        self.kv_cache_manager = kv_cache_manager
+        self.buffers = buffers
+        self.generator = generator
+
+    @torch.inference_mode()
+    def propose(self, seqs: list[Sequence], num_tokens: list[int]) -> Proposal:
+        drafts: list[list[int]] = [[] for _ in seqs]
+        probs: list[list[torch.Tensor]] = [[] for _ in seqs]
+        active = [i for i, k in enumerate(num_tokens) if k]
+        for j in range(max(num_tokens, default=0)):
+            active = [i for i in active if num_tokens[i] > j]
+            batch = [seqs[i] for i in active]
+            if j == 0:  # roll back to what the target kept, then catch up on every token since
+                starts = [min(s.num_draft_computed_tokens, s.num_computed_tokens) for s in batch]
+                feed = [s.token_ids[start:] for s, start in zip(batch, starts)]
+            else:
+                starts = [s.num_draft_computed_tokens for s in batch]
+                feed = [[drafts[i][-1]] for i in active]
+            model_input = build_model_input(batch, starts, feed, [1] * len(batch), self.kv_cache_manager,
+                                            self.buffers)
+            logits = compute_logits(self.model, self.kv_cache_manager.attn_backend, model_input)
+            for s, start, ids in zip(batch, starts, feed):
+                s.num_draft_computed_tokens = start + len(ids)
+            tokens, q = self._sample(logits, batch, j)
+            for row, i in enumerate(active):
+                drafts[i].append(tokens[row])
+                if q is not None and not seqs[i].params.greedy:
+                    probs[i].append(q[row])
+        return Proposal(drafts, [torch.stack(p) if p else None for p in probs])
+
+    def _sample(self, logits: torch.Tensor, seqs: list[Sequence], offset: int) -> tuple[list[int], torch.Tensor | None]:
+        """A draft token per row from the draft's distribution after the request's own filters (the
+        q the rejection sampler divides by); greedy rows take the argmax and need no q."""
+        meta = SamplingMetadata.from_seqs(seqs, logits.device, [offset] * len(seqs))
+        ban_tokens(logits, meta.banned_token_ids)
+        if meta.all_greedy:
+            return logits.argmax(dim=-1).tolist(), None
+        q = sampling_probs(logits, meta)
+        noise = per_row_random(q.shape, meta.generators, self.generator, torch.Tensor.exponential_)
+        greedy = torch.tensor([s.params.greedy for s in seqs], device=logits.device)
+        return torch.where(greedy, logits.argmax(dim=-1), (q / noise).argmax(dim=-1)).tolist(), q
