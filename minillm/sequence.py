@@ -38,9 +38,7 @@ class Sequence:
         self.block_table: list[int] = []  # paged cache: the pool blocks holding this sequence's K/V
         self.block_hashes: list[int] = []  # prefix-cache hashes of its full blocks, in order
         self.num_cached_tokens = 0  # prompt tokens found in the prefix cache instead of computed
-        # Speculative decoding: the draft tokens a step verifies after token_ids, and how many tokens
-        # a draft model holds K/V for in its own pool (spec_decode/draft_model.py).
-        self.spec_token_ids: list[int] = []
+        # Speculative decoding: tokens whose K/V a draft model holds in its own pool (spec_decode/draft_model.py).
         self.num_draft_computed_tokens = 0
         self.output_text = ""
         self.finish_reason: str | None = None

@@ -2,8 +2,8 @@
 Chromium runs all the cells of a chapter, and its widget must show its controls and its plotly
 chart, answer them, and leave no error in the notebook, the page or its console. CacheGrowth
 (01_kv_cache) answers its unit toggle and its step slider; QuantError (06_quantization) its layer
-dropdown and its method toggle; DraftAcceptance, which no chapter shows yet, follows a speculating
-engine in a notebook written here, and answers its step slider.
+dropdown and its method toggle; DraftAcceptance (05_speculative_decoding, whose cell is slow to run
+there) follows a speculating engine in a short notebook written here, and answers its step slider.
 
 Needs Debian's Chromium (/usr/bin/chromium) and playwright; without them the tests skip, unless
 MINILLM_REQUIRE_BROWSER=1 (.ci/run sets it) makes that a failure. Screenshots are written to

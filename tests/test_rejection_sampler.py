@@ -37,14 +37,14 @@ def distributions(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     return p / p.sum(-1, keepdim=True), q / q.sum(-1, keepdim=True)
 
 
-def simulate(accept, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """N independent verifications of K drafts drawn from q: their emitted tokens, and p."""
+def simulate(accept, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """N independent verifications of K drafts drawn from q: their emitted tokens, p, and the drafts."""
     p, q = distributions(seed)
     gen = torch.Generator().manual_seed(seed + 1)
     drafts = torch.stack([torch.multinomial(q[j], N, replacement=True, generator=gen) for j in range(K)], dim=1)
     out = accept(p.expand(N, -1, -1), q.expand(N, -1, -1), drafts, torch.full((N,), K),
                  torch.rand(N, K, generator=gen), torch.empty(N, V).exponential_(generator=gen))
-    return out, p
+    return out, p, drafts
 
 
 def position_p_values(out: torch.Tensor, p: torch.Tensor) -> list[float]:
@@ -58,9 +58,28 @@ def position_p_values(out: torch.Tensor, p: torch.Tensor) -> list[float]:
 
 
 def test_every_position_follows_the_target_distribution():
-    out, p = simulate(stochastic_accept)
+    out, p, _ = simulate(stochastic_accept)
     assert min(position_p_values(out, p)) > 1e-3
     assert (out[:, 0] != 0).all()  # p(0) = 0: never emitted, though often drafted
+
+
+def keeps_the_bonus(accept) -> bool:
+    """A run whose first K tokens are the K drafts must go on with a bonus token. (A rejected draft
+    is never the recovered token: rejection needs p(x) < q(x), where the residual is 0.)"""
+    out, _, drafts = simulate(accept)
+    all_drafts = (out[:, :K] == drafts).all(dim=1)
+    return bool(all_drafts.any()) and bool((out[all_drafts, K] != PAD).all())
+
+
+def bonus_dropped(p, q, drafts, num, u, noise):
+    out = stochastic_accept(p, q, drafts, num, u, noise)
+    return torch.where((out[:, :-1] != PAD).all(dim=1, keepdim=True), torch.cat(
+        [out[:, :-1], torch.full_like(out[:, :1], PAD)], dim=1), out)
+
+
+def test_a_dropped_bonus_token_is_caught():
+    assert keeps_the_bonus(stochastic_accept)
+    assert not keeps_the_bonus(bonus_dropped)
 
 
 def accept_always(p, q, drafts, num, u, noise):
@@ -68,10 +87,17 @@ def accept_always(p, q, drafts, num, u, noise):
 
 
 def resample_from_p(p, q, drafts, num, u, noise):
-    """On a rejection, draw from p instead of the residual max(0, p - q)."""
-    return stochastic_accept(p, torch.zeros_like(q).scatter_(2, drafts[..., None], 1e-30), drafts, num,
-                             torch.where(u * q.gather(2, drafts[..., None])[..., 0] < p.gather(
-                                 2, drafts[..., None])[..., 0], 0.0, 2.0), noise)
+    """The tempting wrong rule: accept as the right one does, but after a rejection draw from p
+    itself instead of the residual max(0, p - q)."""
+    k = drafts.shape[1]
+    x = drafts.clamp(min=0)[..., None]
+    real = torch.arange(k) < num[:, None]
+    kept = ((u * q.gather(2, x)[..., 0] < p[:, :k].gather(2, x)[..., 0]) & real).cumprod(dim=1).bool()
+    stop = kept.sum(dim=1)
+    out = torch.full((len(drafts), k + 1), PAD)
+    out[:, :k] = torch.where(kept, drafts, PAD)
+    out[torch.arange(len(drafts)), stop] = (p[torch.arange(len(drafts)), stop] / noise).argmax(dim=1)
+    return out
 
 
 def bonus_off_by_one(p, q, drafts, num, u, noise):
@@ -86,5 +112,5 @@ def ignore_q(p, q, drafts, num, u, noise):
 
 @pytest.mark.parametrize("broken", [accept_always, resample_from_p, bonus_off_by_one, ignore_q])
 def test_wrong_rules_fail_the_same_test(broken):
-    out, p = simulate(broken)
+    out, p, _ = simulate(broken)
     assert min(position_p_values(out, p)) < 1e-6, broken.__doc__

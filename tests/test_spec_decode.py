@@ -5,16 +5,15 @@ requests batch-invariant, stops inside an accepted run, counters and trace, no l
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
+from test_rejection_sampler import resample_from_p  # the tempting wrong rule, written out there
 
 from minillm import LLM, SamplingParams
 from minillm.eval.heldout import eval_token_ids
+from minillm.grading.checks_spec_decode import second_token_p_value
 from minillm.loader import load_tokenizer, resolve_model_path
 from minillm.spec_decode.acceptance import acceptance_stats
-from minillm.spec_decode.chi_square import chi_square, p_value
 from minillm.spec_decode.rejection_sampler import stochastic_accept
 from minillm.trace import record
 
@@ -132,50 +131,27 @@ def test_counters_and_trace(prompts):
 
 
 def test_seeded_requests_give_the_same_tokens_alone_and_in_a_batch(prompts):
+    """Alone, and admitted while other requests (seeded or not, greedy or sampled) are speculating."""
     llm = LLM("tiny", speculative_config=spec(DRAFT, 4), **ENGINE)
     seeded = SamplingParams(temperature=0.8, top_p=0.95, seed=7, max_tokens=24, ignore_eos=True)
     alone = generate(llm, prompts[3:4], [seeded])
-    others = [SamplingParams(temperature=1.0, max_tokens=5 + i) for i in range(7)]
-    batched = generate(llm, prompts[:8], others[:3] + [seeded] + others[3:])
-    assert batched[3] == alone[0]
-
-
-def second_token_p_value(llm: LLM, prompt: list[int], params: SamplingParams, n: int) -> float:
-    """n seeded requests. The second token is the first one speculation produces (the
-    first ends the prompt's prefill), through accept, residual or bonus: after each of the three
-    most frequent first tokens a, its counts are tested against the target's exact p(. | prompt, a)."""
-    outs = llm.generate([{"prompt_token_ids": prompt}] * n, [dataclasses.replace(params, seed=i) for i in range(n)],
-                        use_tqdm=False)
-    pairs = torch.tensor([o.outputs[0].token_ids[:2] for o in outs])
-    statistic, dof = 0.0, 0
-    for first in pairs[:, 0].bincount().topk(3).indices.tolist():
-        counts = torch.bincount(pairs[pairs[:, 0] == first, 1], minlength=llm.llm_engine.model_config.vocab_size)
-        s, d, _ = chi_square(counts, exact_next_token_probs(llm, prompt + [first], params))
-        statistic, dof = statistic + s, dof + d
-    return p_value(statistic, dof)
-
-
-def exact_next_token_probs(llm: LLM, tokens: list[int], params: SamplingParams) -> torch.Tensor:
-    """The target's next-token distribution after tokens, filtered by params: no cache, no batch."""
-    from minillm.layers.sampler import SamplingMetadata, sampling_probs
-    from minillm.model_runner import sequence_logits
-    from minillm.sequence import Sequence
-
-    logits = sequence_logits(llm.llm_engine.model, [tokens])[0][-1:]
-    return sampling_probs(logits, SamplingMetadata.from_seqs([Sequence("p", None, tokens, params)], logits.device))[0]
+    engine = llm.llm_engine
+    for i in range(6):
+        engine.add_request(f"other-{i}", prompts[i], SamplingParams(temperature=i / 5, seed=i if i % 2 else None,
+                                                                      max_tokens=40, ignore_eos=True))
+    for _ in range(3):
+        engine.step()
+    engine.add_request("seeded", prompts[3], seeded)
+    finished = {}
+    while engine.has_unfinished_requests():
+        finished.update((out.request_id, out) for out in engine.step() if out.finished)
+    assert finished["seeded"].outputs[0].token_ids == alone[0]
 
 
 # Three tokens: the step after the first verifies a draft for the second (a step never verifies
 # drafts past max_tokens).
 SAMPLED = [SamplingParams(temperature=1.0, max_tokens=3, ignore_eos=True),
            SamplingParams(temperature=1.0, top_p=0.8, max_tokens=3, ignore_eos=True)]
-
-
-def wrong_resample_from_p(p, q, drafts, num, u, noise):
-    """On a rejection, draw again from p: the tempting rule, biased toward the draft's token."""
-    x = drafts.clamp(min=0)[..., None]  # -1 pads positions past a sequence's drafts
-    kept = u * q.gather(2, x)[..., 0] < p[:, :-1].gather(2, x)[..., 0]
-    return stochastic_accept(p, torch.full_like(q, 1e-30), drafts, num, torch.where(kept, 0.0, 2.0), noise)
 
 
 def wrong_accept_always(p, q, drafts, num, u, noise):
@@ -199,17 +175,21 @@ def random_draft(tmp_path_factory) -> str:
     return str(path)
 
 
-@pytest.mark.parametrize(("params", "rule"), [(SAMPLED[0], None), (SAMPLED[1], None),
-                                              (SAMPLED[0], wrong_resample_from_p), (SAMPLED[0], wrong_accept_always)],
-                         ids=["temperature-1", "top-p", "resample-from-p", "accept-always"])
-def test_sampling_is_lossless(params, rule, prompts, random_draft):
-    """2000 seeded requests; the second tokens after the most common first token, against the
-    target's exact distribution there. The engine passes; broken rules plugged into it fail."""
-    llm = LLM("tiny", speculative_config={"model": random_draft, "num_speculative_tokens": 2}, max_num_seqs=256,
-              **ENGINE)
+@pytest.mark.parametrize(("draft", "params", "rule"), [
+    ("random", SAMPLED[0], None), ("random", SAMPLED[1], None), ("tiny-draft", SAMPLED[0], None),
+    # Drawing from p after a rejection is biased by what the draft gets right: a draft close to the
+    # target shows it, a random one (rejected almost always) does not.
+    ("tiny-draft", SAMPLED[0], resample_from_p), ("random", SAMPLED[0], wrong_accept_always)],
+    ids=["temperature-1", "top-p", "shipped-draft", "resample-from-p", "accept-always"])
+def test_sampling_is_lossless(draft, params, rule, random_draft):
+    """2000 seeded requests; the second tokens after each common first token, against the target's
+    exact distribution there. The engine passes; broken rules plugged into it fail."""
+    llm = LLM("tiny", speculative_config={"model": random_draft if draft == "random" else draft,
+                                          "num_speculative_tokens": 2}, max_num_seqs=256, **ENGINE)
     if rule is not None:
         llm.llm_engine.model_runner.rejection_sampler.stochastic_accept = rule
-    p = second_token_p_value(llm, prompts[0]["prompt_token_ids"], params, 2000)
+    prompt = llm.get_tokenizer()("def fibonacci(n):\n")["input_ids"]
+    p = second_token_p_value(llm, prompt, params, 2000)
     assert (p > 1e-3) if rule is None else (p < 1e-4), p
 
 

@@ -10,6 +10,7 @@ import plotly.graph_objects as go
 import pytest
 
 from minillm import LLM, SamplingParams
+from minillm.spec_decode.acceptance import expected_tokens_per_call
 from minillm.trace import SeqState, StepEvent, Trace, TraceInfo
 from minillm.widgets import DraftAcceptance, acceptance_stats, draft_acceptance_figure, request_color
 from minillm.widgets.draft_acceptance import (
@@ -17,7 +18,6 @@ from minillm.widgets.draft_acceptance import (
     FORMULA_NAME,
     REJECTED_COLOR,
     UNJUDGED_COLOR,
-    expected_tokens_per_call,
 )
 
 K = 3

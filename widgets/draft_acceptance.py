@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from minillm.spec_decode.acceptance import AcceptanceCounts, AcceptanceStats, expected_tokens_per_call, proposals
+from minillm.spec_decode.acceptance import AcceptanceCounts, AcceptanceStats, proposals
 from minillm.spec_decode.acceptance import acceptance_stats as trace_acceptance_stats
 from minillm.trace import SeqState, Trace
 
@@ -141,8 +141,7 @@ def _running(shown: Trace, k: int) -> tuple[list[int], list[float | None], list[
         for seq in event.seqs:
             if seq.spec_token_ids:
                 counts.add(len(seq.spec_token_ids), seq.num_accepted_tokens)
-        alpha, per_call = counts.alpha, counts.tokens_per_call
-        expected = None if alpha is None else expected_tokens_per_call(alpha, k)
+        alpha, per_call, expected = counts.alpha, counts.tokens_per_call, counts.expected_tokens_per_call
         x.append(event.step)
         measured.append(per_call)
         formula.append(expected)

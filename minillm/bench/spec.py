@@ -9,7 +9,8 @@ accepts everything, so that run measures what the machinery itself costs). Each 
 - c, the proposer's cost per draft token, and v, the rest of a speculative step (the target's
   verification, the rejection sampler), both in units of a plain decode step at that batch size;
 - the speedup the cost model predicts, formula / (c k + v), beside the measured one: plain
-  seconds over speculative seconds for the same requests, by the wall clock.
+  seconds over speculative seconds for the same requests, by the wall clock. Where a decode
+  verified nothing (prompt lookup without a match) it counts as one token, not the formula.
 """
 
 from __future__ import annotations
@@ -75,8 +76,11 @@ def timed_generate(llm: LLM, prompts: list[dict], params: list[SamplingParams]) 
         start = time.perf_counter()
         outs = llm.generate(prompts, params, use_tqdm=False)
         seconds = time.perf_counter() - start
+    # Decodes of a sequence that verified nothing (prompt lookup found no match): one token each.
+    plain_decodes = sum(1 for e in trace.events for s in e.seqs if s.decode_tokens and not s.spec_token_ids)
     return {"seconds": seconds, "propose_seconds": proposing[0], "steps": len(trace.events),
-            "tokens": sum(len(o.outputs[0].token_ids) for o in outs), "stats": acceptance_stats(trace)}
+            "plain_decodes": plain_decodes, "tokens": sum(len(o.outputs[0].token_ids) for o in outs),
+            "stats": acceptance_stats(trace)}
 
 
 def bench_spec(model: str, draft: str, ks: list[int], batch_sizes: list[int], temperatures: list[float],
@@ -112,9 +116,12 @@ def _row(name: str, k: int, temperature: float, batch: int, run: dict, base: dic
     c = run["propose_seconds"] / run["steps"] / k / plain_step
     v = (run["seconds"] - run["propose_seconds"]) / run["steps"] / plain_step
     expected = stats["expected_tokens_per_target_call"]
+    # Per decode of a sequence: the formula where it verified drafts, one token where it did not.
+    verifies, plain = stats["drafts"], run["plain_decodes"]
+    per_decode = (expected * verifies + plain) / (verifies + plain) if expected else None
     return {"method": name, "temperature": temperature, "batch": batch, "k": k,
             "tokens_per_s": run["tokens"] / run["seconds"], "speedup": base["seconds"] / run["seconds"],
-            "predicted_speedup": expected / (c * k + v) if expected else None,
+            "predicted_speedup": per_decode / (c * k + v) if per_decode else None,
             "alpha": stats["alpha"], "acceptance_rate": stats["acceptance_rate"],
             "tokens_per_call": stats["tokens_per_target_call"], "expected_tokens_per_call": expected, "c": c, "v": v}
 

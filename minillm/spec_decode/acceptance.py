@@ -20,7 +20,7 @@ class AcceptanceStats(TypedDict):
     alpha: float | None  # accepted / judged; None before the first draft
     acceptance_rate: float | None  # vLLM's accepted / proposed, for comparison
     tokens_per_target_call: float | None  # (accepted + one target token per verify) / verifies
-    expected_tokens_per_target_call: float | None  # the formula at alpha
+    expected_tokens_per_target_call: float | None  # the formula at alpha, for the proposals' lengths
     accepted_per_position: list[int]  # proposals whose i-th draft token was accepted
 
 
@@ -34,6 +34,7 @@ class AcceptanceCounts:
     accepted: int = 0
     judged: int = 0
     per_position: list[int] = field(init=False)
+    lengths: dict[int, int] = field(default_factory=dict)  # proposal length -> proposals of that length
 
     def __post_init__(self) -> None:
         self.per_position = [0] * self.k
@@ -41,6 +42,7 @@ class AcceptanceCounts:
     def add(self, proposed: int, accepted: int) -> None:
         """A proposal of `proposed` draft tokens, of which the target kept the first `accepted`."""
         self.drafts += 1
+        self.lengths[proposed] = self.lengths.get(proposed, 0) + 1
         self.draft_tokens += proposed
         self.accepted += accepted
         self.judged += min(accepted + 1, proposed)
@@ -55,6 +57,15 @@ class AcceptanceCounts:
     @property
     def tokens_per_call(self) -> float | None:
         return (self.accepted + self.drafts) / self.drafts if self.drafts else None
+
+    @property
+    def expected_tokens_per_call(self) -> float | None:
+        """The formula at the measured alpha, for the proposals' own lengths: a proposal shorter than
+        k (prompt lookup found fewer tokens, or max_tokens was near) can yield no more than it holds."""
+        alpha = self.alpha
+        if alpha is None:
+            return None
+        return sum(n * expected_tokens_per_call(alpha, length) for length, n in self.lengths.items()) / self.drafts
 
 
 def expected_tokens_per_call(alpha: float, k: int) -> float:
@@ -89,5 +100,5 @@ def acceptance_stats(trace: Trace) -> AcceptanceStats:
         judged_tokens=counts.judged, alpha=alpha,
         acceptance_rate=counts.accepted / counts.draft_tokens if counts.draft_tokens else None,
         tokens_per_target_call=counts.tokens_per_call,
-        expected_tokens_per_target_call=None if alpha is None else expected_tokens_per_call(alpha, counts.k),
+        expected_tokens_per_target_call=counts.expected_tokens_per_call,
         accepted_per_position=counts.per_position)

@@ -102,11 +102,11 @@ class RejectionSampler:
                               device=device).reshape(len(seqs), k)
         tokens = self.greedy_accept(logits.argmax(dim=-1)[index], drafts, num)
         if not meta.all_greedy:
+            generators = [s.generator for s in seqs]
             sampled = self.stochastic_accept(
                 sampling_probs(logits, meta)[index], self._draft_probs(draft_probs, drafts, k, vocab), drafts,
-                num, per_row_random((len(seqs), k), [s.generator for s in seqs], self.generator, torch.Tensor.uniform_),
-                per_row_random((len(seqs), vocab), [s.generator for s in seqs], self.generator,
-                               torch.Tensor.exponential_))
+                num, self._uniforms(generators, counts, k, device),
+                per_row_random((len(seqs), vocab), generators, self.generator, torch.Tensor.exponential_))
             greedy_rows = torch.tensor([s.params.greedy for s in seqs], device=device)
             tokens = torch.where(greedy_rows[:, None], tokens, sampled)
         emitted = [[t for t in row if t != PAD] for row in tokens.tolist()]
@@ -117,6 +117,17 @@ class RejectionSampler:
             fill_logprobs(out, raw[rows], torch.tensor(out.token_ids, device=device),
                           max(n or 0 for n in meta.num_logprobs))
         return emitted, out
+
+    def _uniforms(self, generators: list[torch.Generator | None], counts: list[int], k: int,
+                  device: torch.device) -> torch.Tensor:
+        """[B, k] uniforms, drawn only for sequences with drafts: one without draws its token exactly as
+        the plain sampler would, so a seeded request's numbers never depend on its neighbours'."""
+        uniforms = torch.zeros(len(counts), k, device=device)
+        rows = [b for b, n in enumerate(counts) if n]
+        if rows:
+            uniforms[rows] = per_row_random((len(rows), k), [generators[b] for b in rows], self.generator,
+                                            torch.Tensor.uniform_)
+        return uniforms
 
     @staticmethod
     def _draft_probs(draft_probs: list[torch.Tensor | None], drafts: torch.Tensor, k: int, vocab: int) -> torch.Tensor:
