@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
 from minillm.cli import main
 
 
@@ -23,7 +21,9 @@ def test_bench_spec_writes_rows_and_json(tmp_path, capsys):
             continue
         assert row["k"] == 2 and row["c"] > 0 and row["v"] > 0 and row["speedup"] > 0
         assert 1 <= row["tokens_per_call"] <= 3
-        # Every decode of a draft model verifies drafts: the prediction is the formula over the cost.
-        assert row["predicted_speedup"] == pytest.approx(row["expected_tokens_per_call"] / (row["c"] * 2 + row["v"]))
+        # The formula for decodes that verified drafts, one token for those that did not (the last
+        # token of a request, where max_tokens leaves no room for drafts), over the step's cost.
+        cost = row["c"] * 2 + row["v"]
+        assert 1 / cost < row["predicted_speedup"] <= row["expected_tokens_per_call"] / cost
     # The target drafting for itself: every greedy token is accepted (up to float ties), k + 1 per call.
     assert all(r["alpha"] > 0.95 for r in rows if r["method"] == "draft=target")
