@@ -112,19 +112,19 @@ class LLMEngine:
         output = self.model_runner.execute_model(batch)
         received = self.scheduler.update(batch, output)
         outputs = self.output_processor.make_outputs(received)
-        self._count(batch, num_outputs)
-        for drafts, tokens in zip(output.spec_token_ids or (), output.sampled_token_ids):
-            if drafts:  # accepted: what the rejection sampler kept, whether or not a stop cut the run
-                self.spec_decoding_stats.add(len(drafts), len(tokens) - 1)
+        self._count(batch, output, num_outputs)
         if before is not None:
             self._notify(self._step_event(batch, before, output))
         self.num_steps += 1
         return outputs
 
-    def _count(self, batch: ScheduledBatch, num_outputs: list[int]) -> None:
+    def _count(self, batch: ScheduledBatch, output: ModelRunnerOutput, num_outputs: list[int]) -> None:
         """The step into the counters of get_metrics; num_outputs: each sequence's tokens before it."""
         c = self.counters
         c.num_preemptions += len(batch.preempted)
+        for drafts, tokens in zip(output.spec_token_ids, output.sampled_token_ids):
+            if drafts:  # accepted: what the rejection sampler kept, whether or not a stop cut the run
+                self.spec_decoding_stats.add(len(drafts), len(tokens) - 1)
         for seq, before in zip(batch.seqs, num_outputs):
             c.generation_tokens += seq.num_output_tokens - before
             m = seq.metrics
@@ -183,13 +183,12 @@ class LLMEngine:
     def _step_event(self, batch: ScheduledBatch, before: list[SeqState], output: ModelRunnerOutput) -> StepEvent:
         """The step as the widgets see it, once finished sequences have given their memory back."""
         kv = self.kv_cache_manager
-        specs = output.spec_token_ids or [[] for _ in batch.seqs]
         seqs = tuple(dataclasses.replace(
             state, kv_tokens=seq.num_computed_tokens, finish_reason=seq.finish_reason,
             decode_tokens=state.decode_tokens - reserved + len(spec), spec_token_ids=tuple(spec),
             num_accepted_tokens=len(tokens) - 1 if spec else 0, target_token_id=tokens[-1] if spec else None)
-            for seq, state, reserved, spec, tokens in zip(batch.seqs, before, batch.num_spec_tokens, specs,
-                                                          output.sampled_token_ids))
+            for seq, state, reserved, spec, tokens in zip(batch.seqs, before, batch.num_spec_tokens,
+                                                          output.spec_token_ids, output.sampled_token_ids))
         return StepEvent(step=self.num_steps, seqs=seqs, num_waiting=len(self.scheduler.waiting),
                          num_free_blocks=kv.num_free_blocks, cached_blocks=tuple(sorted(kv.cached_block_ids.values())),
                          preempted=tuple(s.request_id for s in batch.preempted))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass
@@ -24,6 +24,10 @@ class ModelRunnerOutput:
     sampled_token_ids: list[list[int]]
     # The rows behind those tokens, in the same order, for their logprobs.
     sampler_output: SamplerOutput | None = None
-    # Speculative decoding: per sequence, the draft tokens this step verified. The tokens it produced
-    # are the accepted ones (a prefix of them) and then one of the target's own.
-    spec_token_ids: list[list[int]] | None = None
+    # Speculative decoding: per sequence, the draft tokens this step verified (none without). The
+    # tokens it produced are the accepted ones (a prefix of them) and then one of the target's own.
+    spec_token_ids: list[list[int]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.spec_token_ids:
+            self.spec_token_ids = [[] for _ in self.sampled_token_ids]

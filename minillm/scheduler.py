@@ -164,9 +164,8 @@ class Scheduler:
         that received tokens, in batch order."""
         received = []
         row = 0  # of the sequence's first token in output.sampler_output
-        specs = output.spec_token_ids or [[] for _ in batch.seqs]
         for seq, n, lookahead, spec, tokens in zip(batch.seqs, batch.num_new_tokens, batch.num_spec_tokens,
-                                                   specs, output.sampled_token_ids):
+                                                   output.spec_token_ids, output.sampled_token_ids):
             for i, token in enumerate(tokens):
                 self.append_token(seq, token, output.sampler_output, row + i)
                 if seq.finish_reason is not None:
