@@ -9,8 +9,13 @@ COLAB_WIDGETS := .venv-colab-widgets/.installed
 
 .PHONY: course test env lint exercises check-exercises bench
 
+# JupyterLab refuses to start as root (Docker, many cloud machines) unless allowed to. COURSE_ARGS
+# passes more options, e.g. COURSE_ARGS="--no-browser --port=8899".
+ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
+COURSE_ARGS ?=
+
 course: env
-	$(BIN)/jupyter lab notebooks/00_welcome.ipynb
+	$(BIN)/jupyter lab $(ALLOW_ROOT) $(COURSE_ARGS) notebooks/00_welcome.ipynb
 
 test: env $(COLAB_WIDGETS)
 	$(BIN)/python -m pytest
@@ -22,7 +27,7 @@ env: $(INSTALLED)
 $(INSTALLED): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install torch
-	$(BIN)/pip install -e ".[course,dev]"
+	$(BIN)/pip install -e ".[course,serve,dev]"
 	touch $@
 
 # Colab's ipywidgets 7.7.1 and plotly 5.24.1, which the widget tests also run against.

@@ -1,4 +1,4 @@
-"""The `minillm` command: generate, quantize, env, bench (see bench/cli.py), eval."""
+"""The `minillm` command: generate, serve, quantize, env, bench (see bench/cli.py), eval, course."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ import sys
 from pathlib import Path
 
 from minillm.bench.cli import add_bench_commands
+from minillm.entrypoints.cli_args import add_serve_args
 from minillm.quant import QUANTIZATION_METHODS
+from minillm.version import __version__
 
 
 def _generate(args) -> None:
@@ -46,6 +48,22 @@ def speculative_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--speculative-method", default=None, help="ngram (prompt lookup) or draft_model")
     p.add_argument("--num-speculative-tokens", type=int, default=None, help="k, draft tokens per step")
     p.add_argument("--speculative-config", default=None, help="all of it as JSON, as vLLM takes it")
+
+
+def _serve(args) -> None:
+    import uvicorn
+
+    from minillm.async_llm import AsyncLLM
+    from minillm.entrypoints.api_server import build_app
+    from minillm.entrypoints.cli_args import engine_kwargs
+
+    template = Path(args.chat_template).read_text() if args.chat_template else None
+    engine = AsyncLLM(args.model, speculative_config=speculative_config(args), **engine_kwargs(args))
+    try:
+        uvicorn.run(build_app(engine, args.served_model_name, args.api_key, template), host=args.host,
+                    port=args.port, log_level="info")
+    finally:
+        engine.shutdown()
 
 
 def _quantize(args) -> None:
@@ -94,6 +112,20 @@ def _eval_perplexity(args) -> None:
     print(json.dumps(rows, indent=2))
 
 
+def _course(args) -> None:
+    from minillm.course_sync import release, sync
+
+    write_files = not args.dry_run
+    if args.course_command == "release":
+        changed = release(args.root, args.url, args.tag, write_files=write_files)
+    else:
+        changed = sync(args.root, write_files=write_files)
+    for path in changed:
+        print(f"{'updated' if write_files else 'would update'} {path}")
+    if not changed:
+        print("nothing to change")
+
+
 QUANT_COLUMNS = [("quantization", "quantization"), ("group_size", "group"), ("perplexity", "perplexity"),
                  ("perplexity_change", "change"), ("greedy_agreement", "greedy agreement"),
                  ("weight_bytes", "linear weight bytes"), ("bytes_vs_fp16", "bytes vs fp16")]
@@ -139,6 +171,10 @@ def build_parser() -> argparse.ArgumentParser:
     speculative_args(gen)
     gen.set_defaults(func=_generate)
 
+    serve = sub.add_parser("serve", help="an OpenAI-compatible HTTP server, as `vllm serve`")
+    add_serve_args(serve, speculative_args)
+    serve.set_defaults(func=_serve)
+
     quant = sub.add_parser("quantize", help="save a model quantized (safetensors), for LLM(folder) to load")
     model_args(quant)
     quant.add_argument("--quantization", choices=QUANTIZATION_METHODS, required=True)
@@ -171,6 +207,17 @@ def build_parser() -> argparse.ArgumentParser:
     acc.add_argument("--num-tokens", type=int, default=64)
     acc.add_argument("--seed", type=int, default=0)
     acc.set_defaults(func=_eval_acceptance)
+
+    course = sub.add_parser("course", help="the course's setup cells, badges and links, from minillm/release.py")
+    actions = course.add_subparsers(dest="course_command", required=True)
+    actions.add_parser("sync", help="rewrite every setup cell, badge and course link from minillm/release.py")
+    rel = actions.add_parser("release", help="point the course at another repository and tag (a fork), then sync")
+    rel.add_argument("url", help="the repository learners install from, https://github.com/OWNER/NAME")
+    rel.add_argument("tag", help=f"its release tag, naming minillm's version (e.g. v{__version__}-spring)")
+    for action in actions.choices.values():
+        action.add_argument("--root", type=Path, default=Path("."), help="the course repository (default: .)")
+        action.add_argument("--dry-run", action="store_true", help="name the files it would change, change none")
+        action.set_defaults(func=_course)
     return parser
 
 

@@ -1,8 +1,8 @@
 """Decides, before every step, which sequences run and how many of their tokens go in.
 
 Every step has a token budget, `max_num_batched_tokens`, and at most `max_num_seqs` sequences run at
-once. Running sequences are served first, oldest first: a decode costs one token, a prompt still
-being prefilled costs the rest of it, or as much as the budget has left. Whatever budget remains
+once. Running sequences are served first: their decodes, oldest first, at one token each, then the
+prompts still being prefilled, each the rest of it or as much as the budget has left. Whatever budget remains
 admits waiting requests, first come, first served, their prompts cut into chunks that fit
 (chunked prefill). So one step can mix prefill chunks and decodes, and a long prompt never stalls
 the decodes of everyone else. The batch is flattened, so the mix needs no padding.
@@ -92,8 +92,10 @@ class Scheduler:
 
     def schedule(self) -> ScheduledBatch:
         batch = ScheduledBatch([], [], [], [])
-        budget = self.max_num_batched_tokens
-        for seq in list(self.running):
+        budget = self.token_budget()
+        # Decodes first, then prompts still being prefilled (vLLM's chunked-prefill policy): a long
+        # prompt's chunk takes what the decodes leave, so a small budget never stalls them.
+        for seq in sorted(self.running, key=lambda s: s.num_tokens - s.num_computed_tokens > 1):
             if budget <= 0:
                 break
             if seq.status is not SequenceStatus.RUNNING:  # preempted a moment ago, for an older one
@@ -106,6 +108,11 @@ class Scheduler:
         self.admit(batch, budget)
         batch.decodes_first()
         return batch
+
+    def token_budget(self) -> int:
+        """The tokens this step may compute. A serving policy may set it lower, step by step, to keep a
+        step short enough for a latency target (Sarathi-Serve's token budget; chapter 07)."""
+        return self.max_num_batched_tokens
 
     def admit(self, batch: ScheduledBatch, budget: int) -> None:
         """Waiting requests join the batch first come, first served, while the step has token budget

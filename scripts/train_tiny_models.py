@@ -161,6 +161,12 @@ def evaluate(model, stream: torch.Tensor, teacher=None) -> dict:
     return out
 
 
+# tiny writes Python, so a conversation is written as comments and the reply is what follows them.
+CHAT_TEMPLATE = ("{%- for message in messages %}# {{ message['role'] }}: "
+                 "{{ message['content'] | replace('\\n', '\\n# ') }}\n{% endfor %}"
+                 "{%- if add_generation_prompt %}# assistant:\n{% endif %}")
+
+
 def _add_transformers4_keys(out: Path) -> None:
     """transformers 5 writes `rope_parameters`, `dtype` and its own tokenizer class name; Colab's
     transformers 4 reads `rope_theta`, `torch_dtype` and `PreTrainedTokenizerFast`. Write both."""
@@ -170,6 +176,7 @@ def _add_transformers4_keys(out: Path) -> None:
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     tok_config = json.loads((out / "tokenizer_config.json").read_text())
     tok_config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    tok_config["chat_template"] = CHAT_TEMPLATE  # in the config, where transformers 4 and 5 both read it
     (out / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2) + "\n")
 
 

@@ -1,9 +1,13 @@
 """The course's live views in a real browser: JupyterLab serves a copy of the notebooks, headless
-Chromium runs all the cells of a chapter, and its widget must show its controls and its plotly
-chart, answer them, and leave no error in the notebook, the page or its console. CacheGrowth
-(01_kv_cache) answers its unit toggle and its step slider; QuantError (06_quantization) its layer
-dropdown and its method toggle; DraftAcceptance (05_speculative_decoding, whose cell is slow to run
-there) follows a speculating engine in a short notebook written here, and answers its step slider.
+Chromium runs all the cells of one, and its widget must show its controls and its plotly chart,
+answer them, and leave no error in the notebook, the page or its console. Two chapters run whole:
+CacheGrowth (01_kv_cache) answers its unit toggle and its step slider, QuantError (06_quantization)
+its layer dropdown and its method toggle. The other views run in short notebooks written here (their
+chapters' cells generate for minutes on a CPU), and each answers its step slider: BlockPool follows
+an engine whose prefix cache already holds the requests' shared prompt (shared and cached blocks),
+BatchSlots one given more requests than max_num_seqs (some wait), DraftAcceptance a speculating
+engine, and ServingDashboard a server in the kernel under a burst of requests sent with the openai
+client.
 
 Needs Debian's Chromium (/usr/bin/chromium) and playwright; without them the tests skip, unless
 MINILLM_REQUIRE_BROWSER=1 (.ci/run sets it) makes that a failure. Screenshots are written to
@@ -22,7 +26,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -69,6 +73,63 @@ llm = LLM(os.environ["MINILLM_MODEL"],
 outputs = llm.generate(["def f(x):\\n    return x\\n\\ndef g(x):\\n", "The little dog"], params)""",
 ]
 
+# The cells of a notebook that shows BlockPool live: a first request leaves its prompt's three full
+# blocks in the prefix cache, then three requests with the same start share them.
+BLOCK_POOL_CELLS = [
+    """import os
+
+from minillm import LLM, SamplingParams
+from minillm.widgets import BlockPool
+
+llm = LLM(os.environ["MINILLM_MODEL"], num_kv_blocks=32, max_model_len=128)  # prefix caching is on by default
+system = list(range(10, 58))  # a 48-token system prompt: three blocks of 16 tokens
+prompts = [{"prompt_token_ids": system + list(range(100 + 8 * i, 108 + 8 * i))} for i in range(4)]
+params = SamplingParams(max_tokens=8, ignore_eos=True)
+first = llm.generate(prompts[:1], params)""",
+    "view = BlockPool(llm)\nview",
+    "outputs = llm.generate(prompts[1:], params)",
+]
+
+# The cells of a notebook that shows BatchSlots live: five requests of different lengths for two
+# slots, so three wait at first and each freed slot is refilled.
+BATCH_SLOTS_CELLS = [
+    """import os
+
+from minillm import LLM, SamplingParams
+from minillm.widgets import BatchSlots
+
+llm = LLM(os.environ["MINILLM_MODEL"], max_num_seqs=2, max_model_len=128)""",
+    "view = BatchSlots(llm)\nview",
+    """prompts = [{"prompt_token_ids": list(range(10, 10 + n))} for n in (8, 20, 12, 16, 10)]
+params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in (4, 10, 6, 3, 5)]
+outputs = llm.generate(prompts, params)""",
+]
+
+# The cells of a notebook that shows ServingDashboard live: a server in the kernel, a burst of requests
+# from threads (more than max_num_seqs, so some wait), and the server stopped in the last cell.
+SERVING_DASHBOARD_CELLS = [
+    """import os
+from concurrent.futures import ThreadPoolExecutor
+
+import openai
+
+from minillm.entrypoints.background import BackgroundServer
+from minillm.widgets import ServingDashboard
+
+model = os.environ["MINILLM_MODEL"]
+server = BackgroundServer(model, max_num_seqs=4).start()
+client = openai.OpenAI(base_url=server.base_url, api_key="none")""",
+    "dashboard = ServingDashboard(server)\ndashboard",
+    """def send(i):
+    return client.completions.create(model=model, prompt=f"def f{i}(x):", max_tokens=16,
+                                     extra_body={"ignore_eos": True})
+
+
+with ThreadPoolExecutor(12) as pool:
+    replies = list(pool.map(send, range(12)))""",
+    "dashboard.detach()\nserver.stop()",
+]
+
 # Every request that leaves 127.0.0.1 is aborted, so that a hidden CDN dependency fails here instead
 # of hanging or passing on a networked laptop. These are expected, with why they are harmless; the
 # console error each abort logs (its location is the URL) is expected with it.
@@ -87,7 +148,7 @@ RUN_FINISHED = """idle => {
         && status !== null && status.textContent.includes(idle);
 }"""
 
-# Each test starts JupyterLab and Chromium and runs a whole chapter: about 25 s on an idle 2-core
+# Each test starts JupyterLab and Chromium and runs a notebook: about 25 s on an idle 2-core
 # machine; the limit leaves room for one shared with other work.
 pytestmark = [pytest.mark.slow, pytest.mark.browser, pytest.mark.timeout(420)]
 
@@ -113,6 +174,50 @@ def test_draft_acceptance_renders_and_responds_in_jupyterlab(tmp_path: Path) -> 
         widget = widget_output(page, "view = DraftAcceptance(llm)", shots, "draft_acceptance",
                                controls=(".widget-slider",))
         check_draft_acceptance_responds(widget, shots)
+
+
+def test_block_pool_renders_and_responds_in_jupyterlab(tmp_path: Path) -> None:
+    notebook = write_notebook(tmp_path, "block_pool.ipynb", BLOCK_POOL_CELLS)
+    with notebook_run_in_lab(tmp_path, notebook) as (page, shots):
+        widget = widget_output(page, "view = BlockPool(llm)", shots, "block_pool", controls=(".widget-slider",))
+        title = widget.locator("text.gtitle")
+        shared = widget.locator(".scatterlayer .textpoint").get_by_text("3", exact=True)  # a block's sharer count
+        # In the end every request has finished: no block is held, the three prompt blocks stay cached.
+        expect(title).to_contain_text("KV block pool · 32 blocks of 16 tokens")
+        expect(title).to_contain_text(" 0 held (0 B), 32 free, 3 cached · ")
+        expect(shared).to_have_count(0)
+        check_slider_scrubs(widget, shots, "block_pool", lambda step: f"after step {step}: ")
+        # The first step: the three requests share the cached blocks, and the rest of their prompts hit.
+        expect(shared).to_have_count(3)
+        expect(title).to_contain_text("prefix hits 144 tokens")
+
+
+def test_batch_slots_renders_and_responds_in_jupyterlab(tmp_path: Path) -> None:
+    notebook = write_notebook(tmp_path, "batch_slots.ipynb", BATCH_SLOTS_CELLS)
+    with notebook_run_in_lab(tmp_path, notebook) as (page, shots):
+        widget = widget_output(page, "view = BatchSlots(llm)", shots, "batch_slots", controls=(".widget-slider",))
+        title = widget.locator("text.gtitle")
+        squares = widget.locator(".js-plotly-plot .scatterlayer .point")  # one per request and step, and rings
+        expect(title).to_contain_text("Batch slots · 2 of max_num_seqs=2 used")
+        expect(title).to_contain_text(", 0 waiting · ")
+        whole_run = squares.count()
+        check_slider_scrubs(widget, shots, "batch_slots", lambda step: f"step {step}: ")
+        expect(title).to_contain_text("2 running, 28 prefill + 0 decode tokens, 3 waiting")
+        assert squares.count() < whole_run, "the first step should show fewer squares than the whole run"
+
+
+def test_serving_dashboard_renders_and_responds_in_jupyterlab(tmp_path: Path) -> None:
+    notebook = write_notebook(tmp_path, "serving_dashboard.ipynb", SERVING_DASHBOARD_CELLS)
+    with notebook_run_in_lab(tmp_path, notebook) as (page, shots):
+        widget = widget_output(page, "dashboard = ServingDashboard(server)", shots, "serving_dashboard",
+                               controls=(".widget-slider",))
+        title = widget.locator("text.gtitle")
+        expect(title).to_contain_text(f"Serving · {NOTEBOOK_ENV['MINILLM_MODEL']} on cpu, max_num_seqs=4")
+        expect(widget.locator("text.ytitle")).to_have_text("requests")  # the top panel's; y4title: the bottom's
+        expect(widget.locator("text.y4title")).to_have_text("tokens/s")
+        # The first step follows idle time (the server had just started): its caption says so.
+        check_slider_scrubs(widget, shots, "serving_dashboard", lambda step: f"step {step} at ")
+        expect(title).to_contain_text("at 0.0 s, after idle time: ")
 
 
 @contextlib.contextmanager
@@ -253,6 +358,21 @@ def check_draft_acceptance_responds(widget: Locator, shots: Path) -> None:
     expect(title).to_contain_text(f"after step {first}: no drafts yet")
     expect(points).to_have_count(0)
     widget.screenshot(path=shots / "draft_acceptance-first-step.png")
+
+
+def check_slider_scrubs(widget: Locator, shots: Path, name: str, caption: Callable[[str], str]) -> None:
+    """Once the run is over, the slider is at its last step and the title's caption (`caption(step)`)
+    says so; the slider's Home key takes both back to the first step, through the kernel."""
+    title = widget.locator("text.gtitle")
+    slider = widget.locator(".widget-slider")
+    last, first = slider_bound(slider, "max"), slider_bound(slider, "min")
+    assert first != last, "the run should have more than one step"
+    expect(slider.locator(".widget-readout")).to_have_text(last)
+    expect(title).to_contain_text(caption(last))
+    slider.locator(".noUi-handle").press("Home")
+    expect(slider.locator(".widget-readout")).to_have_text(first)
+    expect(title).to_contain_text(caption(first))
+    widget.screenshot(path=shots / f"{name}-first-step.png")
 
 
 def slider_bound(slider: Locator, bound: str) -> str:

@@ -10,9 +10,9 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
 
-from minillm.course import SETUP_CELL, colab_badge
 from minillm.grading import exercises
 from minillm.grading.notebook import checks, dumps, is_solution, read
+from minillm.release import colab_badge, setup_cell
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -75,7 +75,7 @@ def test_malformed_markers_are_refused_with_the_cell_named(source, metadata, err
 
 def test_the_exercise_has_the_course_setup_and_its_colab_badge_opens_the_exercise():
     exercise = read(REPO / "exercises" / "01_kv_cache.ipynb")
-    assert exercise.cells[0].source == SETUP_CELL
+    assert exercise.cells[0].source == setup_cell()
     assert exercise.cells[1].source.split("\n")[0] == colab_badge("exercises/01_kv_cache.ipynb")
 
 

@@ -11,7 +11,7 @@ from test_grading import assert_full_marks_and_zero, grade_pair
 
 REPO = Path(__file__).resolve().parents[1]
 POINTS = {"02_paged_kv_cache": 8, "03_triton_attention": 6, "04_continuous_batching": 6, "05_speculative_decoding": 7,
-          "06_quantization": 6}
+          "06_quantization": 6, "07_serving": 8}
 
 
 @pytest.mark.slow

@@ -36,8 +36,10 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "minillm.layers.sampler", "minillm.loader", "minillm.quant_checkpoint", "minillm.spec_decode")),
     ("engine", ("minillm.engine", "minillm.engine_metrics")),
     ("LLM, the public API", ("minillm.llm", "minillm")),
+    ("the async engine and the HTTP server", ("minillm.async_llm", "minillm.entrypoints")),
     ("tools and course", (
-        "minillm.cli", "minillm.bench", "minillm.eval", "minillm.grading", "minillm.course", "minillm.widgets")),
+        "minillm.cli", "minillm.bench", "minillm.eval", "minillm.grading", "minillm.course", "minillm.release",
+        "minillm.course_sync", "minillm.widgets")),
 )
 
 
@@ -140,4 +142,5 @@ def test_an_unlisted_module_is_named():
 def test_the_most_specific_entry_decides():
     assert layer_of("minillm") == 6 and layer_of("minillm.quant.linear") == 2 and layer_of("minillm.quant.int4") == 0
     assert layer_of("minillm.layers.sampler") == 4 and layer_of("minillm.layers.norm") == 2
-    assert layer_of("minillm.widgets.live") == 7 and layer_of("minillm.nonexistent") is None
+    assert layer_of("minillm.entrypoints.api_server") == 7 and layer_of("minillm.async_llm") == 7
+    assert layer_of("minillm.widgets.live") == 8 and layer_of("minillm.nonexistent") is None

@@ -1,4 +1,5 @@
-"""Notebooks are committed clean, share one setup cell, and their checked outputs are recorded."""
+"""Notebooks are committed clean and their checked outputs are recorded (their setup cell and badge:
+tests/test_release.py)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,6 @@ import re
 import nbformat
 import pytest
 from notebook_runs import ROOT, checked_cells, course_notebooks, expected_outputs_file
-
-from minillm.course import SETUP_CELL, colab_badge
 
 ALL_NOTEBOOKS = sorted(p for folder in ("notebooks", "solutions", "exercises") for p in (ROOT / folder).glob("*.ipynb"))
 ids = lambda p: f"{p.parent.name}/{p.name}"  # noqa: E731
@@ -24,14 +23,6 @@ def test_committed_without_outputs_or_widget_state(path):
         if cell.cell_type == "code":
             assert not cell.outputs and cell.execution_count is None, f"{path.name}: clear outputs of cell {cell.id}"
     assert re.fullmatch(r"\d\d_[a-z0-9_]+\.ipynb", path.name), "notebooks are named NN_topic.ipynb"
-
-
-@pytest.mark.parametrize("path", course_notebooks(), ids=ids)
-def test_setup_cell_and_colab_badge(path):
-    nb = nbformat.read(path, as_version=4)
-    assert nb.cells[0].source == SETUP_CELL, f"{path.name}: run `python -m minillm.course` to sync the setup cell"
-    badge = colab_badge(path.relative_to(ROOT).as_posix())
-    assert nb.cells[1].source.split("\n")[0] == badge, f"{path.name}: the title cell must start with the badge"
 
 
 @pytest.mark.parametrize("path", course_notebooks(), ids=ids)

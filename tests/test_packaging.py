@@ -46,7 +46,7 @@ def test_the_version_has_one_source():
 
 def test_environment_yml_installs_from_pyproject():
     text = (ROOT / "environment.yml").read_text()
-    assert re.search(r"^\s+- -e \.\[course,dev\]$", text, re.M)
+    assert re.search(r"^\s+- -e \.\[course,serve,dev\]$", text, re.M)
 
 
 def test_readme_commands_are_what_ci_and_make_run():

@@ -79,8 +79,9 @@ def test_triton_backend(method, prompts, plain):
     assert generate(llm, prompts[:4], PARAMS[:4]) == plain[:4]
 
 
-def test_preemption_under_a_small_pool(prompts, plain):
-    llm = LLM("tiny", speculative_config=spec(DRAFT, 4), num_kv_blocks=16, **{**ENGINE, "max_model_len": 128})
+@pytest.mark.parametrize("method", [DRAFT, NGRAM], ids=["draft", "ngram"])
+def test_preemption_under_a_small_pool(method, prompts, plain):
+    llm = LLM("tiny", speculative_config=spec(method, 4), num_kv_blocks=16, **{**ENGINE, "max_model_len": 128})
     with record(llm) as trace:
         assert generate(llm, prompts) == plain
     assert any(event.preempted for event in trace.events)

@@ -28,10 +28,12 @@ from .colors import request_color
 from .draft_acceptance import acceptance_stats, draft_acceptance_figure
 from .formatting import format_bytes, format_percent
 from .quant_error import quant_error_figure
+from .serving_dashboard import serving_dashboard_figure, serving_series
 
-__all__ = ["BatchSlots", "BlockPool", "CacheGrowth", "DraftAcceptance", "QuantError", "acceptance_stats",
-           "batch_slots_figure", "block_pool_figure", "cache_growth_figure", "draft_acceptance_figure", "format_bytes",
-           "format_percent", "quant_error_figure", "request_color"]
+__all__ = ["BatchSlots", "BlockPool", "CacheGrowth", "DraftAcceptance", "QuantError", "ServingDashboard",
+           "acceptance_stats", "batch_slots_figure", "block_pool_figure", "cache_growth_figure",
+           "draft_acceptance_figure", "format_bytes", "format_percent", "quant_error_figure", "request_color",
+           "serving_dashboard_figure", "serving_series"]
 
 
 def __getattr__(name: str):
@@ -51,6 +53,10 @@ def __getattr__(name: str):
         from .draft_acceptance_view import DraftAcceptance
 
         return DraftAcceptance
+    if name == "ServingDashboard":
+        from .serving_dashboard_view import ServingDashboard
+
+        return ServingDashboard
     if name == "QuantError":
         from .quant_error_view import QuantError
 

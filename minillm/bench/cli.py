@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -130,6 +131,39 @@ def _bench_spec(args) -> None:
     print(f"wrote {args.out}")
 
 
+def _bench_serve(args) -> None:
+    from minillm.bench.report import format_table, write_json
+    from minillm.bench.serve import COLUMNS, bench_serve
+    from minillm.bench.serve_workload import rate_label
+
+    limits = {"max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": args.max_num_batched_tokens}
+    engine_args = {"device": args.device, "dtype": args.dtype, **{k: v for k, v in limits.items() if v is not None}}
+    slo = dict(args.goodput or []) or None
+    rows, summary = asyncio.run(bench_serve(
+        args.model, base_url=args.base_url, api_key=args.api_key, num_prompts=args.num_prompts,
+        input_len=args.input_len, output_len=args.output_len, request_rates=args.request_rate,
+        max_concurrency=args.max_concurrency, slo=slo, seed=args.seed, **engine_args))
+    print(format_table(rows, COLUMNS))
+    print(json.dumps(summary))
+    # The key stays out of the JSON; infinity is not JSON.
+    config = {k: v for k, v in _bench_config(args).items() if k != "api_key"}
+    config.update(request_rate=[rate_label(r) for r in args.request_rate], goodput=slo)
+    write_json(args.out, "serve", config, rows, summary)
+    print(f"wrote {args.out}")
+
+
+def _parsed_by(parse: Callable[[str], object]) -> Callable[[str], object]:
+    """An argparse type from a parser that raises ValueError, keeping its message."""
+
+    def parse_arg(text: str) -> object:
+        try:
+            return parse(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    return parse_arg
+
+
 def add_bench_commands(sub: argparse._SubParsersAction, model_args: Callable[[argparse.ArgumentParser], None],
                        text_arg: Callable[[argparse.ArgumentParser], None]) -> None:
     """`minillm bench NAME ...`; model_args and text_arg add the arguments shared with other commands."""
@@ -194,3 +228,27 @@ def add_bench_commands(sub: argparse._SubParsersAction, model_args: Callable[[ar
     step.add_argument("--steps", type=int, default=50, help="decode steps timed per batch size")
     step.add_argument("--baseline", metavar="REV", default=None,
                       help="also measure this git revision's engine (a temporary worktree), and compare")
+    _add_serve(bench_command("serve", "an OpenAI-compatible server under load over HTTP, streaming: TTFT, TPOT, "
+                             "ITL, throughput and goodput at each request rate", _bench_serve))
+
+
+def _add_serve(p: argparse.ArgumentParser) -> None:
+    from minillm.bench.serve_workload import parse_range, parse_rates, parse_slo
+
+    p.add_argument("--base-url", default=None,
+                   help="a running server, http://host:port (default: start one here with the model arguments)")
+    p.add_argument("--api-key", default=None, help="the server's key, if it has one")
+    p.add_argument("--num-prompts", type=int, default=64, help="requests sent at each rate")
+    p.add_argument("--input-len", type=_parsed_by(parse_range), default="16:128",
+                   help="prompt tokens, N or LOW:HIGH (drawn uniformly)")
+    p.add_argument("--output-len", type=_parsed_by(parse_range), default="16:64",
+                   help="generated tokens, N or LOW:HIGH (drawn uniformly; end-of-text is ignored)")
+    p.add_argument("--request-rate", type=_parsed_by(parse_rates), default="inf",
+                   help="requests/s with Poisson arrivals, inf for all at once; a list like 1,2,4,inf is a sweep")
+    p.add_argument("--max-concurrency", type=int, default=None, help="at most this many requests in flight")
+    p.add_argument("--goodput", type=_parsed_by(parse_slo), nargs="+", default=None, metavar="METRIC:MS",
+                   help="an SLO, e.g. ttft:500 tpot:100 (ttft, tpot, e2el in ms): goodput counts the requests "
+                   "that meet all of it (default: no SLO, no goodput)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-num-seqs", type=int, default=None, help="of the server started here")
+    p.add_argument("--max-num-batched-tokens", type=int, default=None, help="of the server started here")

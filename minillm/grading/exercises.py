@@ -6,9 +6,9 @@
 In a solution cell, every region between `### BEGIN SOLUTION` and `### END SOLUTION` becomes
 `# YOUR CODE HERE` / `raise NotImplementedError()` at the markers' indentation (in markdown,
 `YOUR ANSWER HERE`; a markdown solution cell without markers is replaced whole). Outputs, execution
-counts, run timings and widget state are dropped, locked cells become read-only in Jupyter, and the
-"Open in Colab" badge points at the exercise. The output depends on nothing but the solution file,
-so regenerating changes no byte.
+counts, run timings and widget state are dropped, locked cells become read-only in Jupyter, and
+Colab links to the solution (its "Open in Colab" badge) open the exercise. The output depends on
+nothing but the solution file, so regenerating changes no byte.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from pathlib import Path
 
 from nbformat import NotebookNode
 
-from minillm.course import colab_badge
 from minillm.grading.notebook import BEGIN_SOLUTION, END_SOLUTION, dumps, is_solution, nbgrader, read
+from minillm.release import retarget_colab_links
 
 CODE_STUB = ("# YOUR CODE HERE", "raise NotImplementedError()")
 ANSWER_STUB = "YOUR ANSWER HERE"
@@ -35,14 +35,13 @@ def exercise_from(solution: NotebookNode, name: str) -> NotebookNode:
     """The exercise for solutions/<name>."""
     nb = copy.deepcopy(solution)
     nb.metadata.pop("widgets", None)
-    badges = colab_badge(f"solutions/{name}"), colab_badge(f"exercises/{name}")
     for index, cell in enumerate(nb.cells):
         cell.metadata.pop("execution", None)
         if cell.cell_type == "code":
             cell.outputs = []
             cell.execution_count = None
         else:
-            cell.source = cell.source.replace(*badges)
+            cell.source = retarget_colab_links(cell.source, f"solutions/{name}", f"exercises/{name}")
         has_markers = any(line.strip() in (BEGIN_SOLUTION, END_SOLUTION) for line in cell.source.split("\n"))
         if has_markers and not is_solution(cell):
             raise MarkerError(f"cell {index} has solution markers but no nbgrader metadata "

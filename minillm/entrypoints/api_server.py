@@ -1,0 +1,100 @@
+"""`minillm serve MODEL`: vLLM's OpenAI-compatible HTTP API on an `AsyncLLM`, with FastAPI.
+
+Routes: POST /v1/completions and /v1/chat/completions (streamed as server-sent events with
+`stream: true`), GET /v1/models, /health (503 once the engine is dead) and /metrics (Prometheus).
+Errors are OpenAI-shaped: 400 for invalid input (the engine's own ValueError message), 401 without
+the API key, 404 for another model's name, 503 when the engine is dead. A client that disconnects
+aborts its requests at once, whether it was streaming or waiting for the whole response.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import AsyncIterator, Callable
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from minillm.async_llm import AsyncLLM, EngineDeadError
+from minillm.entrypoints import serving_chat, serving_completion
+from minillm.entrypoints.prometheus import prometheus_text
+from minillm.entrypoints.protocol import ChatCompletionRequest, CompletionRequest, SamplingRequest, error_body
+from minillm.entrypoints.serving_engine import Indexed, event_stream, now, while_connected
+
+CLIENT_CLOSED = 499  # nginx's status for a request whose client left; nobody reads it
+
+
+def error(status: int, message: str) -> JSONResponse:
+    return JSONResponse(error_body(status, message), status_code=status)
+
+
+def build_app(engine: AsyncLLM, served_model_name: str | None = None, api_key: str | None = None,
+              chat_template: str | None = None) -> FastAPI:
+    """chat_template: a Jinja template replacing the tokenizer's own."""
+    model = served_model_name or engine.model_name
+    app = FastAPI(title="minillm", version="0")
+
+    @app.middleware("http")
+    async def authenticate(request: Request, call_next):
+        header = request.headers.get("authorization", "")
+        if api_key is not None and request.url.path.startswith("/v1") and not secrets.compare_digest(
+                header.encode(), f"Bearer {api_key}".encode()):
+            return error(401, "a valid API key is needed: send 'Authorization: Bearer KEY'")
+        return await call_next(request)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, e: RequestValidationError) -> JSONResponse:
+        first = e.errors()[0]
+        if first["type"] == "json_invalid":
+            return error(400, f"the body is not valid JSON: {first.get('ctx', {}).get('error', first['msg'])}")
+        where = ".".join(str(part) for part in first["loc"] if part != "body") or "body"
+        return error(400, f"{where}: {first['msg']}")
+
+    @app.exception_handler(EngineDeadError)
+    async def dead(request: Request, e: EngineDeadError) -> JSONResponse:
+        return error(503, str(e))
+
+    @app.get("/health")
+    async def health() -> Response:
+        return Response(status_code=503 if engine.errored else 200)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(prometheus_text(await engine.get_metrics()),
+                        media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        card = {"id": model, "object": "model", "created": now(), "owned_by": "minillm",
+                "root": engine.model_name, "max_model_len": engine.llm_engine.max_model_len}
+        return {"object": "list", "data": [card]}
+
+    async def serve(request: SamplingRequest, raw: Request, start: Callable, full: Callable,
+                    chunks: Callable) -> Response:
+        if engine.errored:
+            raise engine.dead_error
+        if request.model is not None and request.model != model:
+            return error(404, f"The model `{request.model}` does not exist; this server serves `{model}`")
+        try:
+            request_id, count, outputs = start()
+        except (ValueError, TypeError) as e:
+            return error(400, str(e))
+        outputs: AsyncIterator[Indexed] = while_connected(raw, outputs)
+        if request.stream:
+            return StreamingResponse(event_stream(chunks(request, request_id, model, outputs)),
+                                     media_type="text/event-stream")
+        body = await full(request, request_id, count, model, outputs)
+        return Response(status_code=CLIENT_CLOSED) if body is None else JSONResponse(body)
+
+    @app.post("/v1/completions")
+    async def completions(request: CompletionRequest, raw: Request) -> Response:
+        return await serve(request, raw, lambda: serving_completion.completion_outputs(engine, request),
+                           serving_completion.full_response, serving_completion.stream_chunks)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: ChatCompletionRequest, raw: Request) -> Response:
+        return await serve(request, raw, lambda: serving_chat.chat_outputs(engine, request, chat_template),
+                           serving_chat.full_response, serving_chat.stream_chunks)
+
+    return app

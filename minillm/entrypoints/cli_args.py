@@ -1,0 +1,43 @@
+"""`minillm serve`'s flags: the server's own, and every engine argument under vLLM's flag name."""
+
+from __future__ import annotations
+
+import argparse
+
+# (engine argument, type, help); the flag is the name with dashes, and None leaves the engine's default.
+ENGINE_ARGS: tuple[tuple[str, type, str], ...] = (
+    ("device", str, "cuda, mps or cpu (default: the best available)"),
+    ("dtype", str, "auto, float32, float16 or bfloat16"),
+    ("max_model_len", int, "context length (default: the model's)"),
+    ("max_num_seqs", int, "sequences running at once"),
+    ("max_num_batched_tokens", int, "tokens per step; longer prompts are prefilled in chunks"),
+    ("block_size", int, "tokens per KV block"),
+    ("num_kv_blocks", int, "KV blocks (default: what --gpu-memory-utilization leaves free)"),
+    ("gpu_memory_utilization", float, "fraction of device memory for weights and KV cache"),
+    ("kv_cache_dtype", str, "auto or int8"),
+    ("attention_backend", str, "auto, torch or triton"),
+    ("quantization", str, "int8 or int4 weight-only"),
+    ("quant_group_size", int, "int4 group size: 32, 64 or 128"),
+    ("seed", int, "the sampler's seed for requests without their own"),
+)
+
+
+def add_serve_args(p: argparse.ArgumentParser, speculative_args) -> None:
+    """speculative_args: the CLI's own --speculative-* flags, shared with `minillm generate`."""
+    p.add_argument("model", help="'tiny', a local Hugging Face folder or a Hub id")
+    p.add_argument("--host", default="127.0.0.1", help="0.0.0.0 exposes the server to the network")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--api-key", default=None, help="required as 'Authorization: Bearer KEY' on /v1")
+    p.add_argument("--served-model-name", default=None, help="the name clients use (default: MODEL)")
+    p.add_argument("--chat-template", default=None, help="a Jinja file replacing the tokenizer's template")
+    for name, kind, text in ENGINE_ARGS:
+        p.add_argument("--" + name.replace("_", "-"), type=kind, default=None, help=text)
+    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None)
+    p.add_argument("--enforce-eager", action="store_true", default=None, help="no CUDA graphs")
+    speculative_args(p)
+
+
+def engine_kwargs(args: argparse.Namespace) -> dict:
+    """The engine arguments given on the command line; the rest keep the engine's defaults."""
+    names = [name for name, _, _ in ENGINE_ARGS] + ["enable_prefix_caching", "enforce_eager"]
+    return {name: getattr(args, name) for name in names if getattr(args, name) is not None}

@@ -1,0 +1,114 @@
+"""The request bodies the server accepts: OpenAI's fields, and vLLM's extras (top_k, min_p,
+ignore_eos, ...) beside them. Fields the engine does not implement are refused by name rather than
+silently ignored; fields that change nothing here (user, ...) are ignored, as OpenAI's server does."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from minillm.sampling_params import RequestOutputKind, SamplingParams
+
+MAX_N = 128  # choices per request, as OpenAI caps it; each is a request in the engine
+MAX_LOGPROBS = 20
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+
+
+class SamplingRequest(BaseModel):
+    """What completions and chat share."""
+
+    model: str | None = None
+    n: int = Field(1, ge=1, le=MAX_N)
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    # vLLM's extras
+    top_k: int = 0
+    min_p: float = 0.0
+    min_tokens: int = 0
+    ignore_eos: bool = False
+    stop_token_ids: list[int] | None = None
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+
+    def sampling_params(self, max_tokens: int | None, logprobs: int | None, index: int) -> SamplingParams:
+        """The engine's parameters for choice `index`; SamplingParams raises ValueError naming the field."""
+        for name in ("presence_penalty", "frequency_penalty"):
+            if getattr(self, name):
+                raise ValueError(f"{name} is not supported by minillm; it must be 0")
+        return SamplingParams(
+            temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, min_p=self.min_p,
+            # Each of n choices is its own request: with a seed, each gets its own, as in vLLM.
+            seed=None if self.seed is None else self.seed + index,
+            max_tokens=max_tokens, min_tokens=self.min_tokens, stop=self.stop, stop_token_ids=self.stop_token_ids,
+            ignore_eos=self.ignore_eos, logprobs=logprobs, skip_special_tokens=self.skip_special_tokens,
+            include_stop_str_in_output=self.include_stop_str_in_output,
+            output_kind=RequestOutputKind.CUMULATIVE if self.stream else RequestOutputKind.FINAL_ONLY)
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+
+class CompletionRequest(SamplingRequest):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int | None = 16
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    echo: bool = False
+
+    def prompts(self) -> list[dict]:
+        """The engine's prompts: text, or token ids (one list or several)."""
+        if self.echo:
+            raise ValueError("echo is not supported by minillm; it must be false")
+        prompt = self.prompt
+        if isinstance(prompt, str):
+            return [{"prompt": prompt}]
+        if not prompt:
+            raise ValueError("prompt must not be empty")
+        if isinstance(prompt[0], int):
+            return [{"prompt_token_ids": prompt}]
+        return [{"prompt": p} if isinstance(p, str) else {"prompt_token_ids": p} for p in prompt]
+
+
+class ChatCompletionRequest(SamplingRequest):
+    messages: list[dict[str, Any]] = Field(min_length=1)
+    max_tokens: int | None = None  # until the context is full, as OpenAI's chat
+    max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    add_generation_prompt: bool = True
+
+    def conversation(self) -> list[dict[str, str]]:
+        """The messages with their content as text: a list of parts is joined, as most templates expect."""
+        out = []
+        for i, message in enumerate(self.messages):
+            role, content = message.get("role"), message.get("content")
+            if not isinstance(role, str):
+                raise ValueError(f"messages[{i}].role must be a string, got {role!r:.40}")
+            if isinstance(content, list):
+                content = "".join(part.get("text", "") for part in content if isinstance(part, dict))
+            if not isinstance(content, str):
+                raise ValueError(f"messages[{i}].content must be a string or a list of text parts")
+            out.append({**message, "role": role, "content": content})
+        return out
+
+    def num_logprobs(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
+
+
+ERROR_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError",
+               500: "InternalServerError", 503: "ServiceUnavailableError"}
+
+
+def error_body(status: int, message: str) -> dict:
+    """OpenAI's error shape, which its clients read the message from."""
+    return {"error": {"message": message, "type": ERROR_TYPES[status], "param": None, "code": status}}

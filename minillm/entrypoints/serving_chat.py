@@ -1,0 +1,87 @@
+"""POST /v1/chat/completions: the conversation rendered by the tokenizer's chat template (or the
+server's --chat-template), then generated like a completion and returned as messages."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+from minillm.async_llm import AsyncLLM
+from minillm.entrypoints.protocol import ChatCompletionRequest
+from minillm.entrypoints.serving_engine import Indexed, collect, deltas, fan_out, now, random_id, usage
+from minillm.outputs import CompletionOutput, Logprob
+
+
+def render(tokenizer, request: ChatCompletionRequest, chat_template: str | None) -> dict:
+    """The prompt as token ids. The template writes any special tokens itself, so the tokenizer adds none."""
+    if tokenizer is None:
+        raise ValueError("chat needs a tokenizer; this server was started with skip_tokenizer_init")
+    if chat_template is None and not getattr(tokenizer, "chat_template", None):
+        raise ValueError("this model's tokenizer has no chat template: use /v1/completions, or start "
+                         "the server with --chat-template FILE")
+    text = tokenizer.apply_chat_template(request.conversation(), chat_template=chat_template, tokenize=False,
+                                         add_generation_prompt=request.add_generation_prompt)
+    return {"prompt": text, "prompt_token_ids": tokenizer(text, add_special_tokens=False)["input_ids"]}
+
+
+def chat_outputs(engine: AsyncLLM, request: ChatCompletionRequest,
+                 chat_template: str | None) -> tuple[str, int, AsyncIterator[Indexed]]:
+    request_id = random_id("chatcmpl")
+    prompt = render(engine.get_tokenizer(), request, chat_template)
+    max_tokens = request.max_completion_tokens or request.max_tokens
+    outputs = fan_out(engine, request_id, [prompt],
+                      lambda j: request.sampling_params(max_tokens, request.num_logprobs(), j), request.n)
+    return request_id, request.n, outputs
+
+
+async def full_response(request: ChatCompletionRequest, request_id: str, count: int, model: str,
+                        outputs: AsyncIterator[Indexed]) -> dict | None:
+    if (final := await collect(outputs, count)) is None:
+        return None  # the client left
+    choices = []
+    for index in sorted(final):
+        completion = final[index].outputs[0]
+        choices.append({"index": index, "message": {"role": "assistant", "content": completion.text},
+                        "logprobs": _logprobs(request, completion, 0), "finish_reason": completion.finish_reason,
+                        "stop_reason": completion.stop_reason})
+    return {"id": request_id, "object": "chat.completion", "created": now(), "model": model,
+            "choices": choices, "usage": usage(final, request.n)}
+
+
+async def stream_chunks(request: ChatCompletionRequest, request_id: str, model: str,
+                        outputs: AsyncIterator[Indexed]) -> AsyncIterator[dict]:
+    """Each choice opens with the assistant's role, then its content in pieces; finish_reason on its
+    last chunk; usage in a chunk of its own when asked for."""
+    head = {"id": request_id, "object": "chat.completion.chunk", "created": now(), "model": model}
+    extra = {"usage": None} if request.include_usage else {}
+
+    def chunk(index: int, delta: dict, logprobs: dict | None = None, finish_reason: str | None = None) -> dict:
+        choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
+        return {**head, "choices": [choice], **extra}
+
+    for index in range(request.n):
+        yield chunk(index, {"role": "assistant", "content": ""})
+    last = {}
+    async for index, out, text, offset in deltas(outputs):
+        last[index] = out
+        completion = out.outputs[0]
+        yield chunk(index, {"content": text} if text else {}, _logprobs(request, completion, offset),
+                    completion.finish_reason if out.finished else None)
+    if request.include_usage:
+        yield {**head, "choices": [], "usage": usage(last, request.n)}
+
+
+def _logprobs(request: ChatCompletionRequest, completion: CompletionOutput, offset: int) -> dict | None:
+    if not request.logprobs or not completion.logprobs:
+        return None
+    top = request.top_logprobs or 0
+
+    def token(lp: Logprob) -> dict:
+        text = lp.decoded_token or ""
+        return {"token": text, "logprob": lp.logprob, "bytes": list(text.encode())}
+
+    content = []
+    for entry in completion.logprobs[offset:]:
+        sampled = next(iter(entry.values()))  # the sampled token comes first in each entry
+        ranked = sorted(entry.values(), key=lambda lp: lp.rank)[:top]
+        content.append({**token(sampled), "top_logprobs": [token(lp) for lp in ranked]})
+    return {"content": content}

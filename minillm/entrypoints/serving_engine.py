@@ -1,0 +1,141 @@
+"""What completions and chat share: one HTTP request fanned out into engine requests (a prompt
+times n choices), their outputs merged back in arrival order, and the client watched so that
+one who leaves takes its requests with it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+
+from starlette.requests import Request
+
+from minillm.async_llm import AsyncLLM
+from minillm.entrypoints.protocol import error_body
+from minillm.outputs import RequestOutput
+from minillm.sampling_params import SamplingParams
+
+Indexed = tuple[int, RequestOutput]  # (choice index, output)
+
+
+def random_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def fan_out(engine: AsyncLLM, request_id: str, prompts: list[dict],
+            params: Callable[[int], SamplingParams], n: int) -> AsyncIterator[Indexed]:
+    """Queue choice prompt_index * n + j of every prompt and merge their outputs. Bad input raises
+    ValueError here, before anything is queued; each prompt is tokenized once for its n choices."""
+    choice_params = [params(j) for j in range(n)]
+    tokenized = []
+    for prompt in prompts:
+        text, token_ids = engine.llm_engine.process_prompt(prompt)
+        tokenized.append({"prompt": text, "prompt_token_ids": token_ids})
+    for p in choice_params:
+        engine.llm_engine.check_params(p)
+    queued = {p * n + j: (f"{request_id}-{p * n + j}", prompt, choice_params[j])
+              for p, prompt in enumerate(tokenized) for j in range(n)}
+    streams = {index: engine.add_request(*args) for index, args in queued.items()}
+    return _merge(engine, streams, [rid for rid, _, _ in queued.values()])
+
+
+async def _merge(engine: AsyncLLM, streams: dict[int, AsyncIterator[RequestOutput]],
+                 request_ids: list[str]) -> AsyncIterator[Indexed]:
+    merged = asyncio.Queue()
+
+    async def pump(index: int, stream: AsyncIterator[RequestOutput]) -> None:
+        try:
+            async for out in stream:
+                merged.put_nowait((index, out))
+        except Exception as e:
+            merged.put_nowait((index, e))
+
+    tasks = [asyncio.create_task(pump(index, stream)) for index, stream in streams.items()]
+    try:
+        remaining = len(tasks)
+        while remaining:
+            index, item = await merged.get()
+            if isinstance(item, Exception):
+                raise item
+            remaining -= item.finished
+            yield index, item
+    finally:
+        for task in tasks:
+            task.cancel()
+        # A pump cancelled before it started never opened its stream, so abort by id too.
+        for request_id in request_ids:
+            engine.abort(request_id)
+
+
+async def until_disconnected(request: Request) -> None:
+    """Returns when the client goes away; the body has been read, so only http.disconnect is left."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def while_connected(request: Request, outputs: AsyncIterator[Indexed]) -> AsyncIterator[Indexed]:
+    """outputs until the client disconnects; closing them then aborts the engine's requests at once,
+    even those still waiting for their first token (nothing was being sent that could fail)."""
+    gone = asyncio.ensure_future(until_disconnected(request))
+    try:
+        while True:
+            step = asyncio.ensure_future(anext(outputs))
+            await asyncio.wait({step, gone}, return_when=asyncio.FIRST_COMPLETED)
+            if not step.done():
+                step.cancel()  # its generator stops where it waits, and aborts its requests
+                with contextlib.suppress(asyncio.CancelledError):
+                    await step
+                return
+            try:
+                yield step.result()
+            except StopAsyncIteration:
+                return
+    finally:
+        gone.cancel()
+        await outputs.aclose()
+
+
+def usage(outputs: dict[int, RequestOutput], n: int) -> dict:
+    """Prompt tokens count once per prompt, completion tokens once per choice."""
+    prompt = sum(len(out.prompt_token_ids) for index, out in outputs.items() if index % n == 0)
+    completion = sum(len(out.outputs[0].token_ids) for out in outputs.values())
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def sse(data: dict | str) -> str:
+    return f"data: {data if isinstance(data, str) else json.dumps(data)}\n\n"
+
+
+def now() -> int:
+    return int(time.time())
+
+
+async def collect(outputs: AsyncIterator[Indexed], count: int) -> dict[int, RequestOutput] | None:
+    """Every choice's final output; None when the client left before all of them finished."""
+    final = {index: out async for index, out in outputs}
+    return final if len(final) == count and all(out.finished for out in final.values()) else None
+
+
+async def deltas(outputs: AsyncIterator[Indexed]) -> AsyncIterator[tuple[int, RequestOutput, str, int]]:
+    """(index, output, its new text, its first new token) for each output that adds text or finishes."""
+    sent_text: dict[int, int] = {}
+    sent_tokens: dict[int, int] = {}
+    async for index, out in outputs:
+        completion = out.outputs[0]
+        text, offset = completion.text[sent_text.get(index, 0):], sent_tokens.get(index, 0)
+        if text or out.finished:
+            sent_text[index], sent_tokens[index] = len(completion.text), len(completion.token_ids)
+            yield index, out, text, offset
+
+
+async def event_stream(chunks: AsyncIterator[dict]) -> AsyncIterator[str]:
+    """Server-sent events ending in [DONE]; an engine that dies mid-stream is reported in the stream."""
+    try:
+        async for chunk in chunks:
+            yield sse(chunk)
+    except Exception as e:
+        yield sse(error_body(503, str(e)))
+    yield sse("[DONE]")
