@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from minillm.engine import LLMEngine
 from minillm.metrics import percentile
 from minillm.sampling_params import RequestOutputKind, SamplingParams
+from minillm.scheduler import Scheduler
 from minillm.trace import StepEvent
 
 
@@ -139,7 +140,7 @@ def summarize(timings: Sequence[Timing], slo: dict[str, float]) -> dict:
     return row
 
 
-def with_token_budget(engine: LLMEngine, budget) -> LLMEngine:
+def with_token_budget(engine: LLMEngine, budget: Callable[[Scheduler], int] | None) -> LLMEngine:
     """The engine with `budget(scheduler) -> int` choosing each step's token budget (see
     Scheduler.token_budget); None puts the scheduler's own back."""
     scheduler = engine.scheduler
