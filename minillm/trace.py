@@ -46,6 +46,11 @@ class StepEvent:
         return sum(s.kv_tokens for s in self.seqs)
 
     @property
+    def drained(self) -> bool:
+        """The step left the engine nothing to do: nothing queued, and every sequence in it finished."""
+        return self.num_waiting == 0 and all(s.finish_reason is not None for s in self.seqs)
+
+    @property
     def kv_reserved_tokens(self) -> int:
         return sum(s.kv_reserved_tokens for s in self.seqs)
 

@@ -203,7 +203,7 @@ def test_models_health_and_metrics(server, client):
         assert name + "{" in text, name
 
 
-def test_api_key_and_a_model_without_a_chat_template(tmp_path):
+def test_api_key_and_a_model_without_a_chat_template():
     with BackgroundServer("tiny", api_key="secret", chat_template="{{ messages[0]['content'] }}", **ENGINE) as s:
         with pytest.raises(openai.AuthenticationError):
             openai.OpenAI(base_url=s.base_url, api_key="wrong", max_retries=0).models.list()
@@ -221,7 +221,7 @@ def test_api_key_and_a_model_without_a_chat_template(tmp_path):
                 model="tiny", messages=[{"role": "user", "content": "hi"}])
 
 
-def test_a_dead_engine_fails_its_requests_and_health(server):
+def test_a_dead_engine_fails_its_requests_and_health():
     with BackgroundServer("tiny", **ENGINE) as s:
         def broken():
             raise RuntimeError("device lost")

@@ -99,11 +99,10 @@ class LiveView(ipywidgets.VBox):
 
     def _on_step(self, event: StepEvent) -> None:
         self.trace(event)
-        # The last step of a run is always drawn, so the chart never stops short of the end.
-        run_over = event.num_waiting == 0 and all(s.finish_reason is not None for s in event.seqs)
         # Long runs make big figures: waiting 4x the last draw keeps drawing under a fifth of the time.
         wait = max(self.min_interval, 4 * self._draw_seconds)
-        if run_over or monotonic() - self._last_draw >= wait:
+        # The last step of a run is always drawn, so the chart never stops short of the end.
+        if event.drained or monotonic() - self._last_draw >= wait:
             self.redraw()
 
     def _sync_slider(self) -> None:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from minillm.trace import SeqState, StepEvent, Trace
+from minillm.trace import SeqState, Trace
 
 from .colors import TOTAL_COLOR
 from .timeseries import HEADROOM, line, per_step, upto
@@ -53,17 +53,12 @@ class ServingSeries:
     busy_start: list[bool]  # the event starts a busy period (the engine was idle before it)
 
 
-def drained(event: StepEvent) -> bool:
-    """The step left the engine nothing to do: nothing queued, and every sequence in it finished."""
-    return event.num_waiting == 0 and all(s.finish_reason is not None for s in event.seqs)
-
-
 def busy_starts(trace: Trace, times: Sequence[float], idle_gap: float = IDLE_GAP) -> list[bool]:
     """True where an event starts a busy period: the first, one after a step that drained the engine,
     and one more than `idle_gap` seconds after the previous (the engine can also empty without a
     step saying so: a client that disconnects aborts its request between steps)."""
     events = trace.events
-    return [i == 0 or drained(events[i - 1]) or times[i] - times[i - 1] > idle_gap for i in range(len(events))]
+    return [i == 0 or events[i - 1].drained or times[i] - times[i - 1] > idle_gap for i in range(len(events))]
 
 
 def step_intervals(times: Sequence[float], busy_start: Sequence[bool]) -> list[float | None]:
