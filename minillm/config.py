@@ -59,6 +59,21 @@ class ModelConfig:
         where a quantized cache keeps one scale of scale_size bytes per (token, layer, K or V, kv head)."""
         return 2 * self.num_hidden_layers * self.num_key_value_heads * (self.head_dim * element_size + scale_size)
 
+    def parameter_counts(self) -> dict[str, int]:
+        """The checkpoint's parameters by role, from the shapes alone: "embedding" (the input table),
+        "head" (the output projection; 0 when tied, as the embedding table is then the head),
+        "linear" (the matmul weights of the decoder layers: q, k, v, o, gate, up, down) and "other"
+        (norms and biases). K and V have num_key_value_heads heads, Q and O num_attention_heads."""
+        hidden, inter, d = self.hidden_size, self.intermediate_size, self.head_dim
+        q, kv = self.num_attention_heads * d, self.num_key_value_heads * d
+        linear = hidden * (q + 2 * kv) + q * hidden + 3 * hidden * inter
+        other = (2 * hidden  # the two RMSNorms of a layer
+                 + (q + 2 * kv if self.qkv_bias else 0) + (hidden if self.o_bias else 0)
+                 + (2 * inter + hidden if self.mlp_bias else 0) + (2 * d if self.qk_norm else 0))
+        embedding = self.vocab_size * hidden
+        return {"embedding": embedding, "head": 0 if self.tie_word_embeddings else embedding,
+                "linear": self.num_hidden_layers * linear, "other": self.num_hidden_layers * other + hidden}
+
     @classmethod
     def from_dir(cls, path: Path) -> ModelConfig:
         config_file = path / "config.json"

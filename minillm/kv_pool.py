@@ -62,6 +62,15 @@ def available_kv_bytes(device: torch.device, gpu_memory_utilization: float) -> i
     return min(CPU_KV_CACHE_BYTES, int(available * gpu_memory_utilization))
 
 
+def plan_kv_blocks(config: ModelConfig, free_bytes: int, block_size: int, dtype: torch.dtype,
+                   kv_cache_dtype: str = "auto", extra_bytes_per_token: int = 0) -> int:
+    """How many whole blocks of `block_size` tokens fit in `free_bytes`: a block holds K and V of
+    its tokens in every layer (scales included for an int8 cache), and as much again for a draft
+    model's pool (`extra_bytes_per_token`)."""
+    bytes_per_block = block_size * (kv_bytes_per_token(config, dtype, kv_cache_dtype) + extra_bytes_per_token)
+    return max(0, free_bytes) // bytes_per_block
+
+
 def resolve_num_kv_blocks(num_kv_blocks: int | None, gpu_memory_utilization: float, *, config: ModelConfig,
                           block_size: int, dtype: torch.dtype, device: torch.device, max_model_len: int,
                           max_num_seqs: int, kv_cache_dtype: str = "auto", extra_bytes_per_token: int = 0) -> int:
@@ -70,10 +79,10 @@ def resolve_num_kv_blocks(num_kv_blocks: int | None, gpu_memory_utilization: flo
     max_model_len tokens could ever use. Fails if one sequence of max_model_len would not fit.
     extra_bytes_per_token: a draft model's pool, which has as many blocks and shares the budget."""
     per_seq = -(-max_model_len // block_size)
-    bytes_per_block = block_size * (kv_bytes_per_token(config, dtype, kv_cache_dtype) + extra_bytes_per_token)
     if num_kv_blocks is None:
         budget = available_kv_bytes(device, gpu_memory_utilization)
-        num_kv_blocks = min(budget // bytes_per_block, per_seq * max_num_seqs)
+        fit = plan_kv_blocks(config, budget, block_size, dtype, kv_cache_dtype, extra_bytes_per_token)
+        num_kv_blocks = min(fit, per_seq * max_num_seqs)
         source = (f"gpu_memory_utilization={gpu_memory_utilization} of the free memory "
                   f"({budget / 2**20:.0f} MiB)")
     else:

@@ -75,6 +75,8 @@ class Scheduler:
         self.append_token = append_token or OutputProcessor(None).append_token
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+        self.num_steps = 0  # schedule() calls so far: a clock that ticks alike on every machine
+        self.arrival_steps: dict[str, int] = {}  # request id -> num_steps when it was added
 
     @property
     def max_num_seqs(self) -> int:
@@ -85,7 +87,13 @@ class Scheduler:
         return self.config.max_num_batched_tokens
 
     def add_request(self, seq: Sequence) -> None:
+        self.arrival_steps[seq.request_id] = self.num_steps
         self.waiting.append(seq)
+
+    def steps_waited(self, seq: Sequence) -> int:
+        """Steps scheduled since seq arrived: its age on the step clock, for an admission policy that
+        ages requests so that none waits forever (exercise 04)."""
+        return self.num_steps - self.arrival_steps.get(seq.request_id, self.num_steps)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.waiting or self.running)
@@ -107,6 +115,7 @@ class Scheduler:
             budget -= batch.add(seq, n, lookahead)
         self.admit(batch, budget)
         batch.decodes_first()
+        self.num_steps += 1
         return batch
 
     def token_budget(self) -> int:
@@ -118,7 +127,9 @@ class Scheduler:
         """Waiting requests join the batch first come, first served, while the step has token budget
         left, fewer than max_num_seqs run, and the cache has room for the next one's tokens. None join
         a step that preempted: memory is short, and the victim, now at the head of the queue, could
-        otherwise be readmitted at once through its own cached prefix blocks and undo the preemption."""
+        otherwise be readmitted at once through its own cached prefix blocks and undo the preemption.
+        A policy may take this step's place in another order (exercise 04: shortest prompt first, aged
+        by steps_waited)."""
         while self.waiting and budget > 0 and not batch.preempted and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
             if not self.allocate(seq):
@@ -203,6 +214,7 @@ class Scheduler:
         elif seq in self.waiting:
             self.waiting.remove(seq)
         self.kv_cache_manager.free(seq)
+        self.arrival_steps.pop(seq.request_id, None)
         seq.status = SequenceStatus.FINISHED
 
     def find(self, request_id: str) -> Sequence | None:

@@ -6,8 +6,9 @@ its layer dropdown and its method toggle. The other views run in short notebooks
 chapters' cells generate for minutes on a CPU), and each answers its step slider: BlockPool follows
 an engine whose prefix cache already holds the requests' shared prompt (shared and cached blocks),
 BatchSlots one given more requests than max_num_seqs (some wait), DraftAcceptance a speculating
-engine, and ServingDashboard a server in the kernel under a burst of requests sent with the openai
-client.
+engine, ServingDashboard a server in the kernel under a burst of requests sent with the openai
+client; and Roofline (chapter 08 measures a larger model) shows a small `bench decode` run on the
+shipped model and answers its series toggle.
 
 Needs Debian's Chromium (/usr/bin/chromium) and playwright; without them the tests skip, unless
 MINILLM_REQUIRE_BROWSER=1 (.ci/run sets it) makes that a failure. Screenshots are written to
@@ -130,6 +131,22 @@ with ThreadPoolExecutor(12) as pool:
     "dashboard.detach()\nserver.stop()",
 ]
 
+# The cells of a notebook that shows Roofline: a small `bench decode` of the shipped model (two batch
+# sizes, two prompt lengths) and one linear layer of its shape timed alone.
+ROOFLINE_CELLS = [
+    """import os
+
+import torch
+
+from minillm.bench.decode import bench_decode, linear_rows
+from minillm.widgets import Roofline
+
+decode_rows, prefill_rows, summary = bench_decode(os.environ["MINILLM_MODEL"], batches=(1, 4), context=16, steps=3,
+                                                  prefill_lens=(32, 128), device="cpu")
+kernels = linear_rows(256, 768, (1, 16), torch.float32, "cpu", summary["copy_GB_s"] * 1e9)""",
+    "view = Roofline(decode_rows, prefill_rows, summary, kernels=kernels)\nview",
+]
+
 # Every request that leaves 127.0.0.1 is aborted, so that a hidden CDN dependency fails here instead
 # of hanging or passing on a networked laptop. These are expected, with why they are harmless; the
 # console error each abort logs (its location is the URL) is expected with it.
@@ -218,6 +235,13 @@ def test_serving_dashboard_renders_and_responds_in_jupyterlab(tmp_path: Path) ->
         # The first step follows idle time (the server had just started): its caption says so.
         check_slider_scrubs(widget, shots, "serving_dashboard", lambda step: f"step {step} at ")
         expect(title).to_contain_text("at 0.0 s, after idle time: ")
+
+
+def test_roofline_renders_and_responds_in_jupyterlab(tmp_path: Path) -> None:
+    notebook = write_notebook(tmp_path, "roofline.ipynb", ROOFLINE_CELLS)
+    with notebook_run_in_lab(tmp_path, notebook) as (page, shots):
+        widget = widget_output(page, "view = Roofline(", shots, "roofline", controls=(".widget-toggle-buttons",))
+        check_roofline_responds(widget, shots)
 
 
 @contextlib.contextmanager
@@ -358,6 +382,27 @@ def check_draft_acceptance_responds(widget: Locator, shots: Path) -> None:
     expect(title).to_contain_text(f"after step {first}: no drafts yet")
     expect(points).to_have_count(0)
     widget.screenshot(path=shots / "draft_acceptance-first-step.png")
+
+
+def check_roofline_responds(widget: Locator, shots: Path) -> None:
+    """All six points are drawn under the measured roofs (2 decode steps, 2 prefills, 2 kernels);
+    the toggle's "prefill" redraws the chart with the prefill points alone, and "all" brings the
+    rest back. Each goes through the kernel."""
+    title = widget.locator("text.gtitle")  # "Roofline · cpu, float32: copy ... GB/s, ... showing all: 6 points; ..."
+    points = widget.locator(".js-plotly-plot .scatterlayer .point")  # markers only: the roofs are lines
+    expect(title).to_contain_text("Roofline · cpu, float32: copy ")
+    expect(title).to_contain_text("showing all: 6 points")
+    expect(points).to_have_count(6)
+    expect(widget.locator("text.xtitle")).to_have_text("arithmetic intensity (flop per byte moved)")
+
+    widget.locator(".widget-toggle-button", has_text="prefill").click()
+    expect(title).to_contain_text("showing prefill: 2 points")
+    expect(points).to_have_count(2)
+    widget.screenshot(path=shots / "roofline-prefill.png")
+
+    widget.locator(".widget-toggle-button", has_text="all").click()
+    expect(title).to_contain_text("showing all: 6 points")
+    expect(points).to_have_count(6)
 
 
 def check_slider_scrubs(widget: Locator, shots: Path, name: str, caption: Callable[[str], str]) -> None:

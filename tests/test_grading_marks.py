@@ -10,8 +10,8 @@ import pytest
 from test_grading import assert_full_marks_and_zero, grade_pair
 
 REPO = Path(__file__).resolve().parents[1]
-POINTS = {"02_paged_kv_cache": 8, "03_triton_attention": 6, "04_continuous_batching": 6, "05_speculative_decoding": 7,
-          "06_quantization": 6, "07_serving": 8}
+POINTS = {"02_paged_kv_cache": 12, "03_triton_attention": 10, "04_continuous_batching": 10,
+          "05_speculative_decoding": 7, "06_quantization": 6, "07_serving": 8, "08_the_engine_on_a_gpu": 7}
 
 
 @pytest.mark.slow

@@ -12,10 +12,11 @@ pytest.importorskip("triton")
 
 from minillm.kernels import random_inputs  # noqa: E402
 from minillm.kernels.ops import load_ops  # noqa: E402
-from minillm.kernels.paged_decode import paged_decode_attention  # noqa: E402
+from minillm.kernels.paged_decode import paged_decode_attention, paged_decode_partitions  # noqa: E402
 from minillm.kernels.paged_prefill import paged_prefill_attention  # noqa: E402
 from minillm.kernels.reference import (  # noqa: E402
     paged_decode_attention_ref,
+    paged_decode_partitions_ref,
     paged_prefill_attention_ref,
     store_kvcache_ref,
 )
@@ -72,6 +73,21 @@ def test_padding_rows_of_a_decode_batch_give_zeros():
     ref = paged_decode_attention_ref(q[real], k_cache, v_cache, tables[real], lens[real], 0.125)
     assert relative_error(out[real], ref) < 1e-4
     assert torch.equal(out[[1, 3]], torch.zeros_like(out[[1, 3]]))
+
+
+def test_the_split_kv_pass_matches_its_reference():
+    """The first of the decode kernel's two passes on its own (exercise 03 merges its outputs): every
+    partition's output and log-sum-exp, with partitions past a sequence's end and a padding row."""
+    seq_lens = [100, 7, 0, 33]
+    k_cache, v_cache, tables, lens = paged_batch(seq_lens, 2, 80, 16, torch.float32, seed=7)
+    q = torch.randn(4, 8, 80, generator=torch.Generator().manual_seed(8)).to(DEVICE)
+    part_out, lse = paged_decode_partitions(q, k_cache, v_cache, tables, lens, 0.1, partition_size=32)
+    ref_out, ref_lse = paged_decode_partitions_ref(q, k_cache, v_cache, tables, lens, 0.1, partition_size=32)
+    assert part_out.shape == ref_out.shape == (4, 8, 4, 80) and lse.shape == ref_lse.shape == (4, 8, 4)
+    empty = ref_lse == float("-inf")
+    assert torch.equal(lse == float("-inf"), empty) and empty[1, :, 1:].all() and empty[2].all()
+    assert (lse - ref_lse)[~empty].abs().max() < 1e-4
+    assert relative_error(part_out, ref_out) < 1e-4 and not part_out[empty].any()
 
 
 @pytest.mark.parametrize("group,head_dim,block_size", SHAPES)

@@ -118,6 +118,20 @@ def test_decodes_go_first_and_prompts_fill_the_rest_in_chunks():
     assert list(zip([s.request_id for s in batch.seqs], batch.num_new_tokens)) == [("short", 1), ("long", 9)]
 
 
+def test_steps_waited_counts_scheduled_steps_since_arrival_and_forgets_finished_requests():
+    """The step clock an admission policy ages requests by (exercise 04): it ticks once per schedule()."""
+    scheduler = paged_scheduler(1, 64, BlockManager(16, BLOCK_SIZE))
+    first = Sequence("first", prompt_token_ids=[1, 2, 3], params=SamplingParams(max_tokens=1))
+    second = Sequence("second", prompt_token_ids=[4, 5], params=SamplingParams(max_tokens=1))
+    scheduler.add_request(first)
+    batch = scheduler.schedule()
+    scheduler.add_request(second)  # waits: one sequence at a time
+    assert (scheduler.steps_waited(first), scheduler.steps_waited(second)) == (1, 0)
+    scheduler.update(batch, produced(batch))  # first generates its one token and finishes
+    assert scheduler.schedule().seqs == [second] and scheduler.steps_waited(second) == 1
+    assert "first" not in scheduler.arrival_steps
+
+
 def test_update_takes_several_tokens_and_cuts_them_where_plain_decoding_stops():
     """What verifying drafted tokens hands back: several tokens per sequence. They are appended one at a
     time; a stop token, or max_tokens, cuts the run there, and the finished sequence frees its blocks."""

@@ -7,12 +7,13 @@ Two layers:
   `cache_growth_figure`, `block_pool_figure`, `batch_slots_figure`, `draft_acceptance_figure` (with
   `acceptance_stats`, the numbers it draws); built on timeseries.py (per-step columns, shared axes
   and lines), colors.py (one colour per request id) and formatting.py (`format_bytes`,
-  `format_percent`); and `quant_error_figure`, `weight -> go.Figure` (quant_error.py);
+  `format_percent`); and `quant_error_figure`, `weight -> go.Figure` (quant_error.py); and `roofline_figure`,
+  `bench decode`'s rows and summary -> go.Figure (roofline.py), with `roofline_points`;
 - live views, ipywidgets that follow an engine while `generate` runs or show a recorded trace:
   `CacheGrowth`, `BlockPool`, `BatchSlots`, `DraftAcceptance`; built on live.py (listener, throttled
   redraw, step slider) and figure_host.py (plotly FigureWidget, or an Output fallback); and
-  `QuantError`, a layer dropdown and method / group size toggles over `quant_error_figure`, on
-  figure_host.py alone.
+  `QuantError`, a layer dropdown and method / group size toggles over `quant_error_figure`, and
+  `Roofline`, a toggle of the series shown over `roofline_figure`, both on figure_host.py alone.
 
 Adding a view: a pure `..._figure(trace, *, step=None)` from `upto` / `per_step` / `step_figure` /
 `total_line`; then a `LiveView` subclass with its `figure(step)` calling it, as BlockPool, BatchSlots
@@ -28,12 +29,13 @@ from .colors import request_color
 from .draft_acceptance import acceptance_stats, draft_acceptance_figure
 from .formatting import format_bytes, format_percent
 from .quant_error import quant_error_figure
+from .roofline import roofline_figure, roofline_points
 from .serving_dashboard import serving_dashboard_figure, serving_series
 
-__all__ = ["BatchSlots", "BlockPool", "CacheGrowth", "DraftAcceptance", "QuantError", "ServingDashboard",
+__all__ = ["BatchSlots", "BlockPool", "CacheGrowth", "DraftAcceptance", "QuantError", "Roofline", "ServingDashboard",
            "acceptance_stats", "batch_slots_figure", "block_pool_figure", "cache_growth_figure",
            "draft_acceptance_figure", "format_bytes", "format_percent", "quant_error_figure", "request_color",
-           "serving_dashboard_figure", "serving_series"]
+           "roofline_figure", "roofline_points", "serving_dashboard_figure", "serving_series"]
 
 
 def __getattr__(name: str):
@@ -61,4 +63,8 @@ def __getattr__(name: str):
         from .quant_error_view import QuantError
 
         return QuantError
+    if name == "Roofline":
+        from .roofline_view import Roofline
+
+        return Roofline
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

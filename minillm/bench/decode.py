@@ -15,15 +15,22 @@ both eagerly and replaying CUDA graphs (on a GPU), where the gap is the CPU's la
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import torch
 
-from minillm.bench.timing import copy_bandwidth, matmul_flops
+from minillm.bench.timing import copy_bandwidth, graph_time, matmul_flops, num_copies, wall_time
+from minillm.config import ModelConfig
 from minillm.kv_pool import kv_bytes_per_token
 from minillm.llm import LLM
 from minillm.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from minillm.engine import LLMEngine
 
 DECODE_COLUMNS = [("mode", "mode"), ("batch", "batch"), ("step_ms", "step ms"), ("tokens_per_s", "tokens/s"),
                   ("GB_per_step", "GB moved"), ("GB_s", "GB/s"), ("of_copy_bw", "of copy bw"),
@@ -45,31 +52,95 @@ def weight_bytes(model: torch.nn.Module) -> tuple[int, int]:
     return read, linear
 
 
+def decode_step_bytes(config: ModelConfig, batch: int, context: int, dtype: torch.dtype,
+                      kv_cache_dtype: str = "auto") -> int:
+    """Bytes a decode step of `batch` sequences, each with `context` tokens in the KV cache, reads
+    from memory: every weight it uses once, whatever the batch (the linear layers, norms and biases,
+    and the output head; an embedding table only where it is the head: a lookup reads one row per
+    token, counted as nothing), plus each sequence's own K and V of every layer (scales included
+    for an int8 cache). `weight_bytes` counts the same weights on a loaded model."""
+    params = config.parameter_counts()
+    read = params["linear"] + params["other"] + (params["head"] or params["embedding"])
+    return read * dtype.itemsize + batch * context * kv_bytes_per_token(config, dtype, kv_cache_dtype)
+
+
+def step_flops(config: ModelConfig, num_tokens: int, context: int) -> int:
+    """Floating-point operations of computing `num_tokens` new tokens of one sequence after
+    `context` cached ones: a multiply and an add per matmul weight per token (the decoder's linear
+    layers and the output head, counted once if tied), plus attention, where the new token at
+    position p scores its query against the p + 1 keys up to its own and sums as many values: 4 flops
+    per key, per query head (num_attention_heads, not the KV heads) and head dimension, in every
+    layer. A decode step of B sequences is B times (1, context); a prefill of n tokens is (n, 0)."""
+    params = config.parameter_counts()
+    matmul = params["linear"] + (params["head"] or params["embedding"])
+    keys = num_tokens * context + num_tokens * (num_tokens + 1) // 2  # sum over the new tokens of p + 1
+    per_key = 4 * config.num_attention_heads * config.head_dim * config.num_hidden_layers
+    return 2 * matmul * num_tokens + per_key * keys
+
+
+def linear_rows(in_features: int, out_features: int, batches: tuple[int, ...], dtype: torch.dtype,
+                device: torch.device | str, copy_bw: float) -> list[dict]:
+    """One matmul of a layer's shape alone (F.linear, no bias) at each batch size: a kernel's own
+    point on the roofline, without the rest of a step around it. Bytes: the weight, the inputs and
+    the outputs once each. Each timed call runs over enough copies of the weight that none is still
+    in a cache from the call before (as in a step, where every layer has its own weights): on CUDA as
+    graph replays, on a CPU by the host clock."""
+    device = torch.device(device)
+    nbytes = in_features * out_features * dtype.itemsize
+    # At most 64 copies: a weight so small that it needs more is one that any cache holds anyway.
+    weights = [torch.randn(out_features, in_features, dtype=dtype, device=device) / in_features ** 0.5
+               for _ in range(min(num_copies(nbytes), 64))]
+    rows = []
+    for batch in batches:
+        x = torch.randn(batch, in_features, dtype=dtype, device=device)
+        if device.type == "cuda":
+            seconds = graph_time([lambda w=w, x=x: torch.nn.functional.linear(x, w) for w in weights])
+        else:
+            seconds = wall_time(lambda x=x: [torch.nn.functional.linear(x, w) for w in weights]) / len(weights)
+        moved = nbytes + batch * (in_features + out_features) * dtype.itemsize
+        flops = 2 * batch * in_features * out_features
+        rows.append({"label": f"linear {out_features}×{in_features}, batch {batch}", "short": f"linear {batch}",
+                     "batch": batch, "us": seconds * 1e6, "GB_s": moved / seconds / 1e9,
+                     "of_copy_bw": moved / seconds / copy_bw, "TFLOP_s": flops / seconds / 1e12,
+                     "intensity": flops / moved})
+    return rows
+
+
 def _random_prompt(vocab: int, length: int, seed: int) -> dict:
     return {"prompt_token_ids": torch.randint(1, vocab, (length,), generator=torch.Generator().manual_seed(seed))
             .tolist()}
 
 
-def _decode_step_seconds(llm: LLM, batch: int, context: int, steps: int) -> float:
-    """Median seconds of a pure decode step of `batch` sequences whose contexts reach about `context`."""
+@contextlib.contextmanager
+def decoding(llm: LLM, batch: int, context: int, steps: int) -> Iterator[LLMEngine]:
+    """The engine with `batch` requests of `context` random prompt tokens, each past its prefill and
+    one decode step, that can take `steps` more pure decode steps; the requests are aborted at the end."""
     engine = llm.llm_engine
     vocab = engine.model_config.vocab_size
     params = SamplingParams(temperature=0, max_tokens=steps + 8, ignore_eos=True)
     ids = [f"decode-{batch}-{i}" for i in range(batch)]
     for i, request_id in enumerate(ids):
         engine.add_request(request_id, _random_prompt(vocab, context, i), params)
-    while any(seq.num_output_tokens == 0 for seq in engine.scheduler.running) or engine.scheduler.waiting:
-        engine.step()
-    engine.step()  # the first decode of this batch size may compile kernels
+    try:
+        while any(seq.num_output_tokens == 0 for seq in engine.scheduler.running) or engine.scheduler.waiting:
+            engine.step()
+        engine.step()  # the first decode of this batch size may compile kernels
+        yield engine
+    finally:
+        for request_id in ids:
+            engine.abort_request(request_id)
+
+
+def _decode_step_seconds(llm: LLM, batch: int, context: int, steps: int) -> float:
+    """Median seconds of a pure decode step of `batch` sequences whose contexts reach about `context`."""
     times = []
-    for _ in range(steps):
-        if engine.device.type == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        engine.step()  # ends in sampled tokens read back to the host: the step is done on the device
-        times.append(time.perf_counter() - start)
-    for request_id in ids:
-        engine.abort_request(request_id)
+    with decoding(llm, batch, context, steps) as engine:
+        for _ in range(steps):
+            if engine.device.type == "cuda":
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            engine.step()  # ends in sampled tokens read back to the host: the step is done on the device
+            times.append(time.perf_counter() - start)
     return sorted(times)[len(times) // 2]
 
 
@@ -109,16 +180,15 @@ def bench_decode(model: str, batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64,
         if mode == "graphs" and engine.model_runner.decode_graphs is None:
             break  # no Triton here: eager is all there is
         if mode == "eager":
-            read_bytes, linear_params = weight_bytes(engine.model)
+            read_bytes, _ = weight_bytes(engine.model)
             kv_token = kv_bytes_per_token(config, torch_dtype)
-            attn_flops_per_ctx = 4 * config.num_attention_heads * config.head_dim * config.num_hidden_layers
             copy_bw = copy_bandwidth(dev, (1 << 30) if dev.type == "cuda" else (256 << 20))
             peak = matmul_flops(dev, torch_dtype, 8192 if dev.type == "cuda" else 1024)
             ridge = peak / copy_bw
         for batch in batches:
             seconds = _decode_step_seconds(llm, batch, context, steps)
             moved = read_bytes + batch * (context + steps // 2) * kv_token
-            flops = batch * (2 * linear_params + attn_flops_per_ctx * (context + steps // 2))
+            flops = batch * step_flops(config, 1, context + steps // 2)
             decode_rows.append(_roofline({"mode": mode, "batch": batch, "step_ms": seconds * 1e3,
                                           "tokens_per_s": batch / seconds}, moved, flops, seconds, ridge, copy_bw))
         del llm, engine
@@ -134,7 +204,7 @@ def bench_decode(model: str, batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64,
         for tokens in prefill_lens:
             seconds = _prefill_seconds(llm, tokens)
             moved = read_bytes + tokens * kv_token
-            flops = 2 * linear_params * tokens + attn_flops_per_ctx * tokens * (tokens + 1) / 2
+            flops = step_flops(config, tokens, 0)
             row = _roofline({"tokens": tokens, "ms": seconds * 1e3}, moved, flops, seconds, ridge, copy_bw)
             row["of_peak"] = row["TFLOP_s"] * 1e12 / peak
             prefill_rows.append(row)

@@ -1,20 +1,24 @@
-"""Checks for exercise 02, the paged KV cache: the learner's `append_slots` and `free` against the
-block manager's own, on random workloads, and then inside the real engine.
+"""Checks for exercise 02, the paged KV cache: the learner's `append_slots`, `free` and `allocate`
+against the block manager's own, on random workloads and a few fixed scenarios, and then inside the
+real engine.
 
-Both functions work on a live `BlockManager` (`blocks`): its `blocks[i].ref_count`, its free list
-`free_block_ids` (an OrderedDict in eviction order: the first entry is reused first) and
-`evict(block_id)`, and on a sequence's `block_table`. A check runs the same operations through the
-reference and through the learner's function, on two managers built the same way, and compares
-the whole state after each one, so that a message can say which operation went wrong and how.
+The functions work on a live `BlockManager` (`blocks`): its `blocks[i].ref_count`, `block_hash` and
+`token_ids`, its free list `free_block_ids` (an OrderedDict in eviction order: the first entry is
+reused first), its prefix cache `cached_block_ids` (block hash -> block id) and `evict(block_id)`;
+and on a sequence's `block_table`, `block_hashes` and `num_computed_tokens`. A check runs the same
+operations through the reference and through the learner's function, on two managers built the
+same way, and compares the whole state after each one, so that a message can say which operation
+went wrong and how.
 """
 
 from __future__ import annotations
 
 import functools
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
-from minillm.block_manager import BlockManager
+from minillm.block_manager import BlockManager, hash_block
 from minillm.grading.engine_check import check_generation
 from minillm.grading.feedback import CheckFailed, call_learner
 from minillm.llm import LLM
@@ -22,7 +26,9 @@ from minillm.sampling_params import SamplingParams
 from minillm.sequence import Sequence
 
 BLOCK_SIZE = 4
+POOL_BLOCKS = 10
 SHARED = [7, 7, 1, 2, 3, 4, 5, 6]  # two full blocks that many test prompts start with
+LONG = [*SHARED, 8, 9, 10, 11]  # three
 
 
 # The class's methods, not the instance's attributes: the checks put the learner's functions there.
@@ -34,35 +40,95 @@ def reference_free(blocks: BlockManager, seq: Sequence) -> None:
     BlockManager.free(blocks, seq)
 
 
+def reference_allocate(blocks: BlockManager, seq: Sequence) -> int:
+    return BlockManager.allocate(blocks, seq)
+
+
+REFERENCE = (reference_allocate, reference_append_slots, reference_free)
+
+
 def state(blocks: BlockManager, seqs: list[Sequence]) -> dict:
     return {"tables": {s.request_id: list(s.block_table) for s in seqs},
             "ref_counts": {b.block_id: b.ref_count for b in blocks.blocks if b.ref_count},
             "free": list(blocks.free_block_ids),
-            "cached": dict(blocks.cached_block_ids)}
+            "cached": dict(blocks.cached_block_ids),
+            "computed": {s.request_id: s.num_computed_tokens for s in seqs},
+            "hashes": {s.request_id: list(s.block_hashes) for s in seqs}}
+
+
+WHAT = {"tables": "block tables", "ref_counts": "reference counts (blocks not listed: 0)",
+        "free": "free list, in eviction order (first = reused first)",
+        "cached": "prefix cache (block hash -> block id)",
+        "computed": "num_computed_tokens of the sequences", "hashes": "block_hashes of the sequences"}
+
+HINTS = {
+    "tables": "a sequence needs ceil(num_tokens / block_size) blocks, taken one by one from the front of the "
+              "free list and appended to its block table",
+    "ref_counts": "taking a block adds one to its ref_count; freeing a sequence takes one off each block in its "
+                  "table",
+    "free": "a block leaves the free list when it is taken, and comes back when its ref_count reaches 0: at the "
+            "back if it still holds a cached prefix (block_hash is not None), at the front otherwise; free a "
+            "table from its last block to its first",
+    "cached": "before reusing a free block, blocks.evict(block_id) forgets the prefix it held",
+}
+
+ALLOCATE_HINTS = {
+    "tables": "the table starts with the blocks the prefix lookup found, in prompt order (compare what it "
+              "should have found, below, with the start of your table), and goes on with fresh blocks from "
+              "append_slots; take the hits first: append_slots hands out the front of the free list, which "
+              "under pressure may be a cached block you meant to reuse",
+    "ref_counts": "a hit adds exactly one to its block's ref_count, whether the block was free or already held "
+                  "by another sequence (each sequence holding a block counts once)",
+    "free": "a hit on a free block (ref_count 0) leaves the free list as surely as a fresh block does; a block "
+            "another sequence holds is not on it. Take the hits before appending fresh blocks: append_slots "
+            "evicts from the front of the free list, and under pressure that may be a block you meant to reuse",
+    "cached": "allocate registers nothing: a block enters the prefix cache once its K/V are computed "
+              "(cache_full_blocks does that after the step); and fresh blocks are evicted by append_slots",
+    "computed": "the hit blocks' K/V are in the cache already, so they count as computed: num_computed_tokens "
+                "counts their tokens (tokens, not blocks); the rest is still to compute",
+    "hashes": "seq.block_hashes lists, in order, the hashes of the sequence's leading blocks that are in the "
+              "prefix cache: after allocate, those of its hits (cache_full_blocks goes on with the chain from "
+              "the last one)",
+    "returned": "allocate returns how many prompt tokens were prefix-cache hits (the engine reports them as "
+                "num_cached_tokens)",
+}
+
+
+def _explain(name: str, op: str, expected: dict, got: dict) -> str:
+    hints = ALLOCATE_HINTS if name == "allocate" else HINTS
+    for key in ("tables", "ref_counts", "free", "cached", "computed", "hashes", "returned"):
+        if expected.get(key) != got.get(key):
+            what = WHAT.get(key, "values it returned")
+            return (f"after {op}, the {what} differ\n  expected: {expected[key]}\n  got:      {got[key]}\n"
+                    f"  hint: {hints.get(key, HINTS.get(key, ''))}")
+    return ""
+
+
+def lookup_story(blocks: BlockManager, seq: Sequence) -> str:
+    """What the reference's prefix lookup finds, block by block, told for a check's message."""
+    size, parent, steps = blocks.block_size, None, []
+    last = (seq.num_tokens - 1) // size
+    for i in range(last):
+        tokens = tuple(seq.token_ids[i * size:(i + 1) * size])
+        parent = hash_block(parent, tokens)
+        block_id = blocks.cached_block_ids.get(parent)
+        if block_id is None:
+            steps.append(f"prompt block {i}: its hash is not in the cache, a miss: the lookup stops")
+            break
+        block = blocks.blocks[block_id]
+        if block.token_ids != tokens:
+            steps.append(f"prompt block {i}: its hash is cached as block {block_id}, but that block holds "
+                         f"{list(block.token_ids)}, not {list(tokens)} (a hash collision): a miss, the lookup stops")
+            break
+        steps.append(f"prompt block {i}: a hit, block {block_id} ({'free' if not block.ref_count else 'held'})")
+    else:
+        steps.append(f"prompt block {last} holds the last prompt token: it is never looked up (the step must "
+                     "compute that token to sample the next one)")
+    return "\n    ".join(steps)
 
 
 def _sequence(request_id: str, tokens: list[int]) -> Sequence:
     return Sequence(request_id, None, tokens, SamplingParams(max_tokens=64), 4096, frozenset(), None, 0.0)
-
-
-def _explain(op: str, expected: dict, got: dict) -> str:
-    for key, what in (("tables", "block tables"), ("ref_counts", "reference counts (blocks not listed: 0)"),
-                      ("free", "free list, in eviction order (first = reused first)"),
-                      ("cached", "prefix cache (block hash -> block id)")):
-        if expected[key] != got[key]:
-            hint = {
-                "tables": "a sequence needs ceil(num_tokens / block_size) blocks, taken one by one from the "
-                          "front of the free list and appended to its block table",
-                "ref_counts": "taking a block adds one to its ref_count; freeing a sequence takes one off each "
-                              "block in its table",
-                "free": "a block leaves the free list when it is taken, and comes back when its ref_count "
-                        "reaches 0: at the back if it still holds a cached prefix (block_hash is not None), "
-                        "at the front otherwise; free a table from its last block to its first",
-                "cached": "before reusing a free block, blocks.evict(block_id) forgets the prefix it held",
-            }[key]
-            return (f"after {op}, the {what} differ\n  expected: {expected[key]}\n  got:      {got[key]}\n"
-                    f"  hint: {hint}")
-    return ""
 
 
 def _workload(seed: int) -> list[tuple]:
@@ -79,29 +145,75 @@ def _workload(seed: int) -> list[tuple]:
     return ops
 
 
-def _run(append_slots: Callable, free: Callable, name: str, seed: int) -> None:
-    """The workload through two managers, the reference's and one driven by the learner's function."""
-    managers = [BlockManager(10, BLOCK_SIZE), BlockManager(10, BLOCK_SIZE)]
+def _allocate_workload(seed: int) -> list[tuple]:
+    """Like _workload, with longer shared prefixes, prompts that end on a block boundary, and now and
+    then a forged hash collision."""
+    rng = random.Random(seed)
+    ops = []
+    for i in range(16):
+        kind = rng.choice(["add", "add", "add", "grow", "free", "free", "forge"])
+        if kind == "add":
+            prefix = rng.choice([[], SHARED, LONG, LONG[:4]])
+            ops.append(("add", f"r{i}", prefix + [rng.randrange(50) for _ in range(rng.randint(0, 6))] or [1]))
+        else:
+            ops.append((kind, rng.randrange(100), rng.randint(1, 6)))
+    return ops
+
+
+def _allocate_scenarios() -> list[tuple[str, list[tuple]]]:
+    """Fixed workloads, each one aimed at one part of the lookup; then random ones."""
+    other = list(range(20, 52))
+    return [
+        ("a shared prefix, held then free", [
+            ("add", "a", [*LONG, 20, 21]), ("add", "b", [*LONG, 30]), ("free", 0, 0), ("free", 0, 0),
+            ("add", "c", [*SHARED, 40, 41, 42])]),
+        ("a forged hash collision on the first block of a cached prefix", [
+            ("add", "x", [*LONG, 50]), ("free", 0, 0), ("forge", 0, 0), ("add", "y", [*LONG, 51])]),
+        ("prompts that end on a block boundary", [
+            ("add", "p", list(SHARED)), ("free", 0, 0), ("add", "q", list(SHARED)), ("add", "r", list(LONG))]),
+        ("a full pool, where fresh blocks evict cached ones", [
+            ("add", "a", [*LONG, 60]), ("free", 0, 0), ("add", "b", [*range(60, 72), 72]), ("free", 0, 0),
+            ("add", "c", SHARED + other)]),
+        *((f"random workload {seed}", _allocate_workload(seed)) for seed in range(8, 14)),
+    ]
+
+
+def _forge_collision(blocks: BlockManager) -> str:
+    """Make the first cached block (by id) hold other tokens than those its hash was made from, as if
+    two different blocks had hashed the same. Returns what was done, for messages."""
+    block = next((b for b in blocks.blocks if b.block_hash is not None), None)
+    if block is None:
+        return ""
+    real = block.token_ids
+    block.token_ids = tuple(t + 100 for t in real)
+    return (f"a forged hash collision: block {block.block_id} stays cached under the hash of {list(real)} but "
+            f"now holds {list(block.token_ids)}")
+
+
+def _run(learner: tuple[Callable, Callable, Callable], name: str, ops: list[tuple], where: str) -> None:
+    """The workload through two managers, the reference's and one driven by the learner's functions
+    (allocate, append_slots, free). After each operation the whole state must be the same."""
+    managers = [BlockManager(POOL_BLOCKS, BLOCK_SIZE), BlockManager(POOL_BLOCKS, BLOCK_SIZE)]
     live: list[list[Sequence]] = [[], []]
-    funcs = [(reference_append_slots, reference_free), (append_slots, free)]
-    for blocks, (do_append, _) in zip(managers, funcs):
+    sides = [REFERENCE, learner]
+    for blocks, (_, do_append, _) in zip(managers, sides):
         # The engine's own call (from allocate) goes to the function under test, as in the engine.
         blocks.append_slots = functools.partial(_adapt, do_append, blocks)
-    for op in _workload(seed):
-        described = ""
+    for op in ops:
+        described, story, returned = "", "", [None, None]
+        computed: list[tuple[BlockManager, Sequence]] = []
         for side in (0, 1):
             blocks, seqs = managers[side], live[side]
-            do_append, do_free = funcs[side]
+            do_allocate, do_append, do_free = sides[side]
             if op[0] == "add":
                 seq = _sequence(op[1], op[2])
                 if not blocks.can_allocate(seq):
                     continue
-                described = (f"admitting {op[1]} with {len(op[2])} tokens (its blocks: prefix-cache hits first, "
-                             f"then append_slots(blocks, seq, {len(op[2])}))")
-                _call(side, name, described, blocks.allocate, seq)
+                story = lookup_story(blocks, seq) if side == 0 else story
+                described = f"allocate(blocks, {op[1]}) for a prompt of {len(op[2])} tokens {op[2]}"
+                returned[side] = _call(side, name, described, do_allocate, blocks, seq)
                 seqs.append(seq)
-                seq.num_computed_tokens = seq.num_tokens
-                blocks.cache_full_blocks(seq)
+                computed.append((blocks, seq))
             elif op[0] == "grow" and seqs:
                 seq = seqs[op[1] % len(seqs)]
                 if not blocks.can_append(seq, seq.num_tokens + op[2]):
@@ -109,8 +221,7 @@ def _run(append_slots: Callable, free: Callable, name: str, seed: int) -> None:
                 seq.token_ids += [0] * op[2]
                 described = f"append_slots(blocks, {seq.request_id}, num_tokens={seq.num_tokens})"
                 _call(side, name, described, do_append, blocks, seq, seq.num_tokens)
-                seq.num_computed_tokens = seq.num_tokens
-                blocks.cache_full_blocks(seq)
+                computed.append((blocks, seq))
             elif op[0] == "free" and seqs:
                 seq = seqs.pop(op[1] % len(seqs))
                 described = f"free(blocks, {seq.request_id}) with block table {seq.block_table}"
@@ -118,11 +229,19 @@ def _run(append_slots: Callable, free: Callable, name: str, seed: int) -> None:
                 if seq.block_table:
                     raise CheckFailed(f"after {described}, {seq.request_id}'s block_table is "
                                       f"{seq.block_table}; expected [] (the sequence holds no block any more)")
+            elif op[0] == "forge":
+                described = _forge_collision(blocks)
         if described:
-            problem = _explain(described, state(managers[0], live[0]), state(managers[1], live[1]))
+            expected, got = state(managers[0], live[0]), state(managers[1], live[1])
+            expected["returned"], got["returned"] = returned
+            problem = _explain(name, described, expected, got)
             if problem:
-                raise CheckFailed(f"{name}: {problem}\n  (workload seed {seed}, pool of 10 blocks of "
+                lookup = f"\n  the reference's prefix lookup:\n    {story}" if story and name == "allocate" else ""
+                raise CheckFailed(f"{name}: {problem}{lookup}\n  ({where}, pool of {POOL_BLOCKS} blocks of "
                                   f"{BLOCK_SIZE} tokens)")
+        for blocks, seq in computed:  # the step that follows: every token computed, full blocks registered
+            seq.num_computed_tokens = seq.num_tokens
+            blocks.cache_full_blocks(seq)
 
 
 def _adapt(fn: Callable, blocks: BlockManager, seq: Sequence, num_tokens: int | None = None) -> None:
@@ -130,47 +249,97 @@ def _adapt(fn: Callable, blocks: BlockManager, seq: Sequence, num_tokens: int | 
     fn(blocks, seq, seq.num_tokens if num_tokens is None else num_tokens)
 
 
-def _call(side: int, name: str, described: str, fn: Callable, *args) -> None:
+def _call(side: int, name: str, described: str, fn: Callable, *args) -> object:
     if side == 0:
-        fn(*args)
-    else:
-        call_learner(fn, name, described, *args)
+        return fn(*args)
+    return call_learner(fn, name, described, *args)
 
 
 def check_append_slots(append_slots: Callable) -> None:
     """Blocks taken from the front of the free list, evicted, counted, appended to the table."""
     for seed in range(4):
-        _run(append_slots, reference_free, "append_slots", seed)
+        _run((reference_allocate, append_slots, reference_free), "append_slots", _workload(seed),
+             f"workload seed {seed}")
     print("check_append_slots passed: 4 random workloads of admissions, growth and frees")
 
 
 def check_free(free: Callable) -> None:
     """Reference counts down; blocks at zero back on the free list, cached ones at the back."""
     for seed in range(4, 8):
-        _run(reference_append_slots, free, "free", seed)
+        _run((reference_allocate, reference_append_slots, free), "free", _workload(seed), f"workload seed {seed}")
     print("check_free passed: 4 random workloads of admissions, growth and frees")
 
 
-def check_engine(append_slots: Callable, free: Callable, llm: LLM) -> None:
-    """Greedy generation with the learner's functions managing the engine's KV blocks. The pool must
-    be small enough that sequences are preempted and prefix blocks are shared and evicted."""
+def check_allocate(allocate: Callable) -> None:
+    """The prefix lookup (hash chain, tokens verified, first miss ends it), hits taken, fresh blocks
+    appended, num_computed_tokens and block_hashes set, hit tokens returned."""
+    scenarios = _allocate_scenarios()
+    for label, ops in scenarios:
+        _run((allocate, reference_append_slots, reference_free), "allocate", ops, label)
+    print(f"check_allocate passed: {len(scenarios)} workloads (shared prefixes, a forged hash collision, prompts "
+          "on a block boundary, a full pool, random ones)")
+
+
+@contextmanager
+def _plugged(blocks: BlockManager, **functions: Callable) -> Iterator[None]:
+    """The block manager's methods replaced by the given functions, restored on the way out."""
+    previous = {name: getattr(blocks, name) for name in functions}
+    for name, fn in functions.items():
+        setattr(blocks, name, fn)
+    try:
+        yield
+    finally:
+        for name, fn in previous.items():
+            setattr(blocks, name, fn)
+
+
+def _all_returned(blocks: BlockManager, name: str) -> None:
+    if blocks.num_free_blocks != blocks.num_blocks:
+        why = ("each hit adds exactly one reference, which free takes off again: a block counted twice is never "
+               "given back" if "allocate" in name else
+               "every block whose ref_count reaches 0 must go back to the free list")
+        raise CheckFailed(f"after generating with your {name}, {blocks.num_blocks - blocks.num_free_blocks} "
+                          f"blocks are still held: {why}")
+
+
+def check_engine(append_slots: Callable, free: Callable, allocate: Callable, llm: LLM) -> None:
+    """Greedy generation with the learner's functions managing the engine's KV blocks: each alone, then
+    all three. The pool must be small enough that sequences are preempted and prefix blocks are shared
+    and evicted; the run with the learner's allocate starts from the prefix cache the reference's run
+    left, and must hit it."""
     blocks = llm.llm_engine.block_manager
     if blocks is None:
         raise CheckFailed("this check plugs your functions into the paged KV cache, but the LLM has "
                           f"kv_cache={llm.llm_engine.model_runner.attn_backend.name!r}: create it with the default "
                           "kv_cache='paged'")
+    if not blocks.enable_prefix_caching:
+        raise CheckFailed("this check needs the prefix cache: create the LLM with enable_prefix_caching=True "
+                          "(the default)")
+    mine = {"append_slots": functools.partial(_adapt, append_slots, blocks),
+            "free": functools.partial(free, blocks)}
+    hits: list[int] = []
+
+    def counted_allocate(seq: Sequence) -> int:
+        hit_tokens = allocate(blocks, seq)
+        hits.append(hit_tokens if isinstance(hit_tokens, int) else 0)
+        return hit_tokens
+
     done = []
     try:
-        for name, reference, learner in (
-                ("append_slots", blocks.append_slots, functools.partial(_adapt, append_slots, blocks)),
-                ("free", blocks.free, functools.partial(free, blocks))):
+        for name, learner in mine.items():
             blocks.reset()  # whatever an earlier run left cached, both runs start from the same pool
-            done.append(check_generation(llm, blocks, name, reference, learner, name))
-            if blocks.num_free_blocks != blocks.num_blocks:
-                raise CheckFailed(f"after generating with your {name}, {blocks.num_blocks - blocks.num_free_blocks} "
-                                  "blocks are still held: every block whose ref_count reaches 0 must go back to "
-                                  "the free list")
+            done.append(check_generation(llm, blocks, name, getattr(blocks, name), learner, name))
+            _all_returned(blocks, name)
+        blocks.reset()
+        # Your append_slots and free (each checked alone above) in both runs; the second one is yours.
+        with _plugged(blocks, **mine):
+            done.append(check_generation(llm, blocks, "allocate", blocks.allocate, counted_allocate, "allocate"))
+        _all_returned(blocks, "allocate, append_slots and free")
+        if not sum(hits):
+            raise CheckFailed("with your allocate in the engine, the tokens are right, but no prompt found a "
+                              "single block in the prefix cache, although the reference's run of the same prompts "
+                              "had just left their blocks there: the lookup must find and reuse them")
     finally:
         blocks.reset()  # a wrong function must not leave the engine's pool corrupted
-    print(f"check_engine passed: with your append_slots, then your free, in the engine, {done[0]}")
-
+    print(f"check_engine passed: your append_slots, then your free, then your allocate with both, in the engine: "
+          f"{done[0]}; {sum(hits)} prompt tokens came from the prefix cache in the run with your allocate")

@@ -15,6 +15,8 @@ cache pays: half the bytes to read, dequantized in registers as each tile is loa
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -111,6 +113,79 @@ def decode_tile(target: GPUSpec | None, partition_size: int, group_pad: int, dim
                                                                      element_size))
 
 
+@dataclass(frozen=True)
+class DecodeLaunch:
+    """How the split-KV pass is launched for a batch: one program per (sequence, KV head, partition),
+    each walking its partition of `partition_size` context tokens in tiles of `tile_n`."""
+    grid: tuple[int, int, int]  # (sequences, KV heads, partitions)
+    partition_size: int
+    tile_n: int
+    group_pad: int  # query heads per KV head, padded for tl.dot
+    dim_pad: int  # head_dim, padded likewise
+
+    @property
+    def num_programs(self) -> int:
+        return self.grid[0] * self.grid[1] * self.grid[2]
+
+
+def decode_launch(num_seqs: int, num_heads: int, num_kv_heads: int, head_dim: int, max_seq_len: int,
+                  partition_size: int = 512, target: GPUSpec | None = None, element_size: int = 2) -> DecodeLaunch:
+    """The launch `paged_decode_attention` makes: as many partitions as the longest sequence needs
+    (every sequence gets that many; those past its end return at once), whatever the batch size.
+    target: the GPU (None: Triton's interpreter); element_size: bytes per element of q."""
+    dim_pad = max(16, triton.next_power_of_2(head_dim))
+    group_pad = max(16, triton.next_power_of_2(num_heads // num_kv_heads))
+    tile_n = decode_tile(target, partition_size, group_pad, dim_pad, element_size)
+    num_parts = triton.cdiv(max_seq_len, partition_size)
+    return DecodeLaunch((num_seqs, num_kv_heads, num_parts), partition_size, tile_n, group_pad, dim_pad)
+
+
+def paged_decode_partitions(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                            block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
+                            max_seq_len: int | None = None, partition_size: int = 512, *,
+                            k_scales: torch.Tensor | None = None,
+                            v_scales: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The split-KV pass alone (reference: `reference.paged_decode_partitions_ref`): part_out
+    [num_seqs, heads, num_parts, head_dim], each partition's softmax-weighted values in fp32 (0 where
+    the partition holds no key), and lse [num_seqs, heads, num_parts], the log-sum-exp of its scores
+    (-inf where it holds none). `merge_partitions` turns them into the attention output."""
+    num_seqs, num_heads, head_dim = q.shape
+    _, block_size, num_kv_heads, _ = k_cache.shape
+    if partition_size % block_size:
+        raise ValueError(f"partition_size must be a multiple of block_size={block_size}, got {partition_size}")
+    if max_seq_len is None:
+        max_seq_len = int(seq_lens.max())
+    launch = decode_launch(num_seqs, num_heads, num_kv_heads, head_dim, max_seq_len, partition_size,
+                           launch_target(q.device), q.element_size())
+    num_parts = launch.grid[2]
+    part_out = torch.empty((num_seqs, num_heads, num_parts, head_dim), dtype=torch.float32, device=q.device)
+    lse = torch.empty((num_seqs, num_heads, num_parts), dtype=torch.float32, device=q.device)
+    check_kv_layout(k_cache, v_cache, k_scales, v_scales)
+    assert q.stride(2) == 1
+    _decode_partition_kernel[launch.grid](
+        q, k_cache, v_cache, k_scales, v_scales, block_tables, seq_lens, part_out, lse, scale,
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        block_tables.stride(0), part_out.stride(0), part_out.stride(1), part_out.stride(2),
+        lse.stride(0), lse.stride(1),
+        GROUP=num_heads // num_kv_heads, GROUP_PAD=launch.group_pad, HEAD_DIM=head_dim, DIM_PAD=launch.dim_pad,
+        BLOCK_SIZE=block_size, PARTITION=partition_size, TILE_N=launch.tile_n,
+        PRECISION=dot_precision(q.dtype))
+    return part_out, lse
+
+
+def merge_partitions(part_out: torch.Tensor, lse: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The partitions of `paged_decode_partitions` merged exactly: [num_seqs, heads, head_dim] in dtype.
+    A row whose partitions all hold no key (a padding row) gives zeros."""
+    num_seqs, num_heads, num_parts, head_dim = part_out.shape
+    out = torch.empty((num_seqs, num_heads, head_dim), dtype=dtype, device=part_out.device)
+    _merge_partitions_kernel[(num_seqs, num_heads)](
+        part_out, lse, out, part_out.stride(0), part_out.stride(1), part_out.stride(2),
+        lse.stride(0), lse.stride(1), out.stride(0), out.stride(1), num_parts,
+        PARTS_PAD=triton.next_power_of_2(num_parts), HEAD_DIM=head_dim,
+        DIM_PAD=max(16, triton.next_power_of_2(head_dim)))
+    return out
+
+
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
                            max_seq_len: int | None = None, partition_size: int = 512, *,
@@ -119,32 +194,6 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     max_seq_len, if the caller knows it, saves reading seq_lens back from the device;
     partition_size: context tokens per split (a multiple of the block size);
     k_scales, v_scales: an int8 cache's scales, [num_blocks, block_size, kv_heads]."""
-    num_seqs, num_heads, head_dim = q.shape
-    _, block_size, num_kv_heads, _ = k_cache.shape
-    if partition_size % block_size:
-        raise ValueError(f"partition_size must be a multiple of block_size={block_size}, got {partition_size}")
-    dim_pad = max(16, triton.next_power_of_2(head_dim))
-    group = num_heads // num_kv_heads
-    group_pad = max(16, triton.next_power_of_2(group))
-    tile_n = decode_tile(launch_target(q.device), partition_size, group_pad, dim_pad, q.element_size())
-    if max_seq_len is None:
-        max_seq_len = int(seq_lens.max())
-    num_parts = triton.cdiv(max_seq_len, partition_size)
-    part_out = torch.empty((num_seqs, num_heads, num_parts, head_dim), dtype=torch.float32, device=q.device)
-    lse = torch.empty((num_seqs, num_heads, num_parts), dtype=torch.float32, device=q.device)
-    check_kv_layout(k_cache, v_cache, k_scales, v_scales)
-    assert q.stride(2) == 1
-    _decode_partition_kernel[(num_seqs, num_kv_heads, num_parts)](
-        q, k_cache, v_cache, k_scales, v_scales, block_tables, seq_lens, part_out, lse, scale,
-        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        block_tables.stride(0), part_out.stride(0), part_out.stride(1), part_out.stride(2),
-        lse.stride(0), lse.stride(1),
-        GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim, DIM_PAD=dim_pad,
-        BLOCK_SIZE=block_size, PARTITION=partition_size, TILE_N=tile_n,
-        PRECISION=dot_precision(q.dtype))
-    out = torch.empty_like(q)
-    _merge_partitions_kernel[(num_seqs, num_heads)](
-        part_out, lse, out, part_out.stride(0), part_out.stride(1), part_out.stride(2),
-        lse.stride(0), lse.stride(1), out.stride(0), out.stride(1), num_parts,
-        PARTS_PAD=triton.next_power_of_2(num_parts), HEAD_DIM=head_dim, DIM_PAD=dim_pad)
-    return out
+    part_out, lse = paged_decode_partitions(q, k_cache, v_cache, block_tables, seq_lens, scale, max_seq_len,
+                                            partition_size, k_scales=k_scales, v_scales=v_scales)
+    return merge_partitions(part_out, lse, q.dtype)

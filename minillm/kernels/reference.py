@@ -106,6 +106,40 @@ def paged_decode_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: 
     return out.reshape(num_seqs, num_heads, head_dim)
 
 
+def paged_decode_partitions_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                                block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
+                                max_seq_len: int | None = None, partition_size: int = 512, *,
+                                k_scales: torch.Tensor | None = None,
+                                v_scales: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The split-KV pass of the decode kernel: each sequence's context cut into partitions of
+    partition_size tokens, as many as the longest sequence needs. Returns part_out [num_seqs, heads,
+    num_parts, head_dim] (fp32), each partition's softmax over its own keys applied to their values,
+    0 where it has no key; and lse [num_seqs, heads, num_parts], log(sum(exp(scores))) over its keys,
+    -inf where it has none. Merging them exactly gives paged_decode_attention_ref."""
+    num_seqs, num_heads, head_dim = q.shape
+    num_kv_heads = k_cache.shape[2]
+    if max_seq_len is None:
+        max_seq_len = int(seq_lens.max())
+    num_parts = -(-max_seq_len // partition_size)
+    width = num_parts * partition_size
+    blocks = block_tables.flatten().long()
+    k, v = (select_blocks(cache, blocks, scales, torch.float32).float().view(num_seqs, -1, num_kv_heads,
+                                                                             head_dim)
+            for cache, scales in ((k_cache, k_scales), (v_cache, v_scales)))
+    # Positions past the block table (a short table, a long max_seq_len) are no keys: zeros, masked below.
+    k, v = (F.pad(x[:, :width], (0, 0, 0, 0, 0, width - min(width, x.shape[1]))).transpose(1, 2) for x in (k, v))
+    qg = q.float().view(num_seqs, num_kv_heads, num_heads // num_kv_heads, head_dim)
+    scores = (qg @ k.transpose(2, 3) * scale).view(num_seqs, num_heads, num_parts, partition_size)
+    visible = torch.arange(width, device=q.device)[None, :] < seq_lens[:, None]
+    scores = scores.masked_fill(~visible.view(num_seqs, 1, num_parts, partition_size), float("-inf"))
+    lse = torch.logsumexp(scores, dim=3)
+    weights = torch.exp(scores - lse.masked_fill(lse == float("-inf"), 0.0)[..., None])  # 0 for no key
+    values = v.view(num_seqs, num_kv_heads, 1, num_parts, partition_size, head_dim)
+    group = num_heads // num_kv_heads
+    part_out = weights.view(num_seqs, num_kv_heads, group, num_parts, 1, partition_size) @ values
+    return part_out.view(num_seqs, num_heads, num_parts, head_dim), lse
+
+
 def paged_prefill_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                                 cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor,
                                 block_tables: torch.Tensor, scale: float,

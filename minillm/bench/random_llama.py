@@ -1,0 +1,33 @@
+"""A Llama-shaped checkpoint with random weights, written locally: for measurements where the
+quality of the text does not matter but the shapes do (a step's cost depends on the shapes only).
+
+The tokenizer is tiny's: token ids below 4096 are valid in any larger vocabulary, so prompts drawn
+from it work at every size. Safetensors, written by transformers.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from minillm.loader import resolve_model_path
+
+
+def write_random_llama(out: Path | str, hidden: int, layers: int, heads: int, kv_heads: int, intermediate: int,
+                       vocab: int, dtype: torch.dtype = torch.bfloat16, seed: int = 0) -> int:
+    """Writes the checkpoint to `out` and returns its parameter count."""
+    out = Path(out)
+    torch.manual_seed(seed)
+    config = LlamaConfig(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+                         num_key_value_heads=kv_heads, intermediate_size=intermediate, vocab_size=vocab,
+                         max_position_embeddings=16384, bos_token_id=0, eos_token_id=0, pad_token_id=0)
+    model = LlamaForCausalLM(config).to(dtype)
+    model.save_pretrained(out)
+    tiny = resolve_model_path("tiny")
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (tiny / name).exists():
+            shutil.copy(tiny / name, out / name)
+    return sum(p.numel() for p in model.parameters())
