@@ -6,7 +6,7 @@ import importlib
 
 from minillm.version import __version__
 
-# Imported on first use, so that `minillm.version` or `minillm.course` do not load the engine.
+# Imported on first use, so that `minillm.version` or `minillm.course.setup` do not load the engine.
 _EXPORTS = {"LLM": "minillm.llm", "SamplingParams": "minillm.sampling_params", "RequestOutput": "minillm.outputs",
             "CompletionOutput": "minillm.outputs", "Logprob": "minillm.outputs", "RequestMetrics": "minillm.outputs"}
 

@@ -19,8 +19,8 @@ import threading
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
-from minillm.engine import LLMEngine, PromptType
-from minillm.engine_metrics import Metric
+from minillm.engine.llm_engine import LLMEngine, PromptType
+from minillm.engine.metrics import Metric
 from minillm.outputs import RequestOutput
 from minillm.sampling_params import SamplingParams
 

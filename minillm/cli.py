@@ -68,9 +68,9 @@ def _serve(args) -> None:
 
 def _quantize(args) -> None:
     from minillm import LLM
-    from minillm.config import ModelConfig
-    from minillm.loader import resolve_model_path
-    from minillm.quant_checkpoint import save_quantized
+    from minillm.config.model import ModelConfig
+    from minillm.models.loader import resolve_model_path
+    from minillm.models.quant_checkpoint import save_quantized
 
     # "auto" keeps the checkpoint's dtype (on a CPU the engine's auto would be float32).
     dtype = args.dtype
@@ -82,7 +82,7 @@ def _quantize(args) -> None:
 
 
 def _env(args) -> None:
-    from minillm.env import collect_env, format_env
+    from minillm.utils.env import collect_env, format_env
 
     info = collect_env()
     print(json.dumps(info, indent=2) if args.json else format_env(info))
@@ -102,7 +102,7 @@ def _eval_perplexity(args) -> None:
         return
     from minillm.bench.report import format_table
     from minillm.eval.quantization import compare_quantization
-    from minillm.loader import load_tokenizer, resolve_model_path
+    from minillm.models.loader import load_tokenizer, resolve_model_path
 
     token_ids = eval_token_ids(load_tokenizer(resolve_model_path(args.model)), args.text)
     methods = [(args.quantization, args.group_size)]
@@ -113,7 +113,7 @@ def _eval_perplexity(args) -> None:
 
 
 def _course(args) -> None:
-    from minillm.course_sync import release, sync
+    from minillm.course.sync import release, sync
 
     write_files = not args.dry_run
     if args.course_command == "release":
@@ -208,9 +208,9 @@ def build_parser() -> argparse.ArgumentParser:
     acc.add_argument("--seed", type=int, default=0)
     acc.set_defaults(func=_eval_acceptance)
 
-    course = sub.add_parser("course", help="the course's setup cells, badges and links, from minillm/release.py")
+    course = sub.add_parser("course", help="the course's setup cells, badges and links, from minillm/course/release.py")
     actions = course.add_subparsers(dest="course_command", required=True)
-    actions.add_parser("sync", help="rewrite every setup cell, badge and course link from minillm/release.py")
+    actions.add_parser("sync", help="rewrite every setup cell, badge and course link from minillm/course/release.py")
     rel = actions.add_parser("release", help="point the course at another repository and tag (a fork), then sync")
     rel.add_argument("url", help="the repository learners install from, https://github.com/OWNER/NAME")
     rel.add_argument("tag", help=f"its release tag, naming minillm's version (e.g. v{__version__}-spring)")

@@ -9,8 +9,8 @@ from collections.abc import Iterator, Sequence
 
 from tqdm.auto import tqdm
 
-from minillm.engine import LLMEngine, PromptType
-from minillm.engine_metrics import Metric
+from minillm.engine.llm_engine import LLMEngine, PromptType
+from minillm.engine.metrics import Metric
 from minillm.outputs import RequestOutput
 from minillm.sampling_params import RequestOutputKind, SamplingParams
 

@@ -2,7 +2,7 @@
 # Puts the widget stack Google Colab ships (ipywidgets 7.7.1, plotly 5.24.1) into
 # .venv-colab-widgets, a plain folder that shadows the main venv's versions when it comes first
 # on PYTHONPATH:
-#     PYTHONPATH=.venv-colab-widgets .venv/bin/python -m pytest tests/test_widgets.py
+#     PYTHONPATH=.venv-colab-widgets .venv/bin/python -m pytest tests/course/test_widgets.py
 # Only those packages and what they need beyond the main venv are installed (--no-deps), so the
 # rest (IPython, traitlets, torch, ...) is the main venv's. Idempotent: it does nothing when the
 # folder already holds exactly these pins, and rebuilds it when the pins change.

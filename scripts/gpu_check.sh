@@ -60,9 +60,9 @@ step() {
 XDIST=$($PY -c "import xdist" 2>/dev/null && echo "-n 8")
 step env 60 bash -c "nvidia-smi; $PY -m minillm.cli env"
 step tests 420 $PY -m pytest -q -p no:cacheprovider $XDIST --timeout=240 -rfE \
-    tests/test_gpu.py tests/test_kernels.py tests/test_quant_kernels.py tests/test_kv_int8.py \
-    tests/test_paged_engine.py tests/test_hf_parity.py tests/test_cuda_graph.py tests/test_device.py \
-    tests/test_bench_decode.py tests/test_spec_decode.py --junitxml="$OUTDIR/tests.xml"
+    tests/kernels/test_gpu.py tests/kernels/test_kernels.py tests/kernels/test_quant_kernels.py tests/test_kv_int8.py \
+    tests/engine/test_paged_engine.py tests/model/test_hf_parity.py tests/engine/test_cuda_graph.py tests/engine/test_device.py \
+    tests/bench/test_bench_decode.py tests/engine/test_spec_decode.py --junitxml="$OUTDIR/tests.xml"
 step attention 120 $PY -m minillm.cli bench attention --out "$OUTDIR/attention.json"
 step quant 150 $PY -m minillm.cli bench quant --model tiny --device cuda --num-prompts 16 --num-tokens 32 \
     --out "$OUTDIR/quant.json"

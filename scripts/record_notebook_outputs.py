@@ -1,5 +1,5 @@
 """Record the expected outputs of the notebooks' checked cells (those starting with
-`# NBVAL_CHECK_OUTPUT`) into tests/notebook_outputs/, by running each notebook on the CPU with the
+`# NBVAL_CHECK_OUTPUT`) into tests/course/notebook_outputs/, by running each notebook on the CPU with the
 shipped tiny model. Run it after changing what such a cell prints:
 
     python scripts/record_notebook_outputs.py [notebooks/01_kv_cache.ipynb ...]

@@ -32,7 +32,7 @@ from tqdm import tqdm
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from minillm.corpus import corpus_fingerprint, read_texts, stdlib_files  # noqa: E402
+from minillm.eval.corpus import corpus_fingerprint, read_texts, stdlib_files  # noqa: E402
 
 EOS = "<|endoftext|>"
 VOCAB_SIZE = 4096
@@ -245,7 +245,7 @@ def main() -> None:
 
     eos = tokenizer.eos_token_id
     common = {
-        "corpus": f"Python {platform.python_version()} standard library (minillm/corpus.py)",
+        "corpus": f"Python {platform.python_version()} standard library (minillm/eval/corpus.py)",
         "corpus_fingerprint": corpus_fingerprint(train_files + heldout_files),
         "train_tokens_in_corpus": len(train_stream),
         "context": CONTEXT, "batch": args.batch, "seed": args.seed,

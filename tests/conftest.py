@@ -15,7 +15,7 @@ import torch  # noqa: E402
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from minillm.loader import SHIPPED_MODELS  # noqa: E402
+from minillm.models.loader import SHIPPED_MODELS  # noqa: E402
 
 # Small shapes of each supported family; the keys name what each one exercises.
 HF_CONFIGS = {

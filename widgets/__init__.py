@@ -1,4 +1,4 @@
-"""Views of what the engine did, drawn from its trace events (minillm/trace.py); they never
+"""Views of what the engine did, drawn from its trace events (minillm/engine/trace.py); they never
 simulate the engine. One more shows a model's weights instead: `QuantError`, what weight-only
 quantization (minillm/quant) does to one linear layer.
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
-from minillm.trace import StepEvent, Trace
+from minillm.engine.trace import StepEvent, Trace
 
 from .colors import request_color, request_order
 

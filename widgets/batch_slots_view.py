@@ -10,13 +10,13 @@ from typing import TYPE_CHECKING
 
 import plotly.graph_objects as go
 
-from minillm.trace import Trace
+from minillm.engine.trace import Trace
 
 from .batch_slots import batch_slots_figure
 from .live import LiveView
 
 if TYPE_CHECKING:
-    from minillm.engine import LLMEngine
+    from minillm.engine.llm_engine import LLMEngine
     from minillm.llm import LLM
 
 

@@ -10,7 +10,7 @@ import math
 
 import plotly.graph_objects as go
 
-from minillm.trace import StepEvent, Trace
+from minillm.engine.trace import StepEvent, Trace
 
 from .colors import request_color, request_order
 from .formatting import format_bytes, format_percent

@@ -11,7 +11,7 @@ from typing import Literal, cast, get_args
 
 import plotly.graph_objects as go
 
-from minillm.trace import Trace, TraceInfo
+from minillm.engine.trace import Trace, TraceInfo
 
 from .colors import RESERVED_FILL
 from .formatting import format_bytes, format_percent

@@ -11,13 +11,13 @@ from typing import TYPE_CHECKING
 import ipywidgets
 import plotly.graph_objects as go
 
-from minillm.trace import Trace
+from minillm.engine.trace import Trace
 
 from .cache_growth import UNITS, Unit, cache_growth_figure, check_unit, describe_tokens, peak_kv_tokens
 from .live import LiveView
 
 if TYPE_CHECKING:
-    from minillm.engine import LLMEngine
+    from minillm.engine.llm_engine import LLMEngine
     from minillm.llm import LLM
 
 

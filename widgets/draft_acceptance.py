@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from minillm.engine.trace import SeqState, Trace
 from minillm.spec_decode.acceptance import AcceptanceCounts, AcceptanceStats, proposals
 from minillm.spec_decode.acceptance import acceptance_stats as trace_acceptance_stats
-from minillm.trace import SeqState, Trace
 
 from .colors import TOTAL_COLOR, request_color
 from .timeseries import HEADROOM, line, steps, total_line, upto

@@ -11,13 +11,13 @@ from typing import TYPE_CHECKING
 
 import plotly.graph_objects as go
 
-from minillm.trace import Trace
+from minillm.engine.trace import Trace
 
 from .draft_acceptance import acceptance_stats, draft_acceptance_figure
 from .live import LiveView
 
 if TYPE_CHECKING:
-    from minillm.engine import LLMEngine
+    from minillm.engine.llm_engine import LLMEngine
     from minillm.llm import LLM
 
 

@@ -17,12 +17,12 @@ from typing import TYPE_CHECKING
 import ipywidgets
 import plotly.graph_objects as go
 
-from minillm.trace import StepEvent, Trace
+from minillm.engine.trace import StepEvent, Trace
 
 from .figure_host import make_host
 
 if TYPE_CHECKING:
-    from minillm.engine import LLMEngine
+    from minillm.engine.llm_engine import LLMEngine
     from minillm.llm import LLM
 
 

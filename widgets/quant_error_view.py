@@ -16,14 +16,14 @@ import ipywidgets
 import plotly.graph_objects as go
 from torch import nn
 
+from minillm.layers.quant_linear import QuantLinear, decoder_linears
 from minillm.quant import INT4_GROUP_SIZES, QUANTIZATION_METHODS
-from minillm.quant.linear import QuantLinear, decoder_linears
 
 from .figure_host import make_host
 from .quant_error import check_quant_args, quant_error_figure
 
 if TYPE_CHECKING:
-    from minillm.engine import LLMEngine
+    from minillm.engine.llm_engine import LLMEngine
     from minillm.llm import LLM
 
 

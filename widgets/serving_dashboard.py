@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from minillm.trace import SeqState, Trace
+from minillm.engine.trace import SeqState, Trace
 
 from .colors import TOTAL_COLOR
 from .timeseries import HEADROOM, line, per_step, upto

@@ -26,14 +26,14 @@ from typing import TYPE_CHECKING
 
 import plotly.graph_objects as go
 
-from minillm.trace import StepEvent, Trace
+from minillm.engine.trace import StepEvent, Trace
 
 from .live import LiveView
 from .serving_dashboard import serving_dashboard_figure
 
 if TYPE_CHECKING:
     from minillm.async_llm import AsyncLLM
-    from minillm.engine import LLMEngine
+    from minillm.engine.llm_engine import LLMEngine
     from minillm.entrypoints.background import BackgroundServer
     from minillm.llm import LLM
 

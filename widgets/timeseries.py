@@ -14,7 +14,7 @@ from typing import TypeVar
 
 import plotly.graph_objects as go
 
-from minillm.trace import SeqState, StepEvent, Trace
+from minillm.engine.trace import SeqState, StepEvent, Trace
 
 from .colors import TOTAL_COLOR, request_color
 

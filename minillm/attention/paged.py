@@ -14,7 +14,7 @@ import torch
 
 from minillm.attention.base import AttentionMetadata
 from minillm.kernels.ops import load_ops
-from minillm.kv_pool import KVPool
+from minillm.kv.pool import KVPool
 
 
 class PagedAttention:

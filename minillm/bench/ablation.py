@@ -22,10 +22,10 @@ import torch
 
 from minillm.bench.paged import bench_prefix_cache
 from minillm.bench.spec import workload
-from minillm.kv_pool import plan_kv_blocks
+from minillm.engine.trace import record
+from minillm.kv.pool import plan_kv_blocks
 from minillm.llm import LLM
 from minillm.sampling_params import SamplingParams
-from minillm.trace import record
 
 COLUMNS = [("technique", "technique"), ("change", "change"), ("workload", "workload"), ("metric", "metric"),
            ("before", "before"), ("after", "after"), ("gain", "gain")]

@@ -24,13 +24,13 @@ from typing import TYPE_CHECKING
 import torch
 
 from minillm.bench.timing import copy_bandwidth, graph_time, matmul_flops, num_copies, wall_time
-from minillm.config import ModelConfig
-from minillm.kv_pool import kv_bytes_per_token
+from minillm.config.model import ModelConfig
+from minillm.kv.pool import kv_bytes_per_token
 from minillm.llm import LLM
 from minillm.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
-    from minillm.engine import LLMEngine
+    from minillm.engine.llm_engine import LLMEngine
 
 DECODE_COLUMNS = [("mode", "mode"), ("batch", "batch"), ("step_ms", "step ms"), ("tokens_per_s", "tokens/s"),
                   ("GB_per_step", "GB moved"), ("GB_s", "GB/s"), ("of_copy_bw", "of copy bw"),

@@ -20,10 +20,10 @@ import random
 import statistics
 import time
 
+from minillm.engine.trace import Trace, record
 from minillm.eval.heldout import eval_token_ids
 from minillm.llm import LLM
 from minillm.sampling_params import SamplingParams
-from minillm.trace import Trace, record
 
 MAX_PROMPT_TOKENS = 512
 

@@ -16,7 +16,7 @@ import torch
 
 from minillm.eval.heldout import eval_token_ids
 from minillm.eval.quantization import compare_kv_cache_dtype, compare_quantization
-from minillm.loader import load_tokenizer, resolve_model_path
+from minillm.models.loader import load_tokenizer, resolve_model_path
 
 WEIGHT_COLUMNS = [("quantization", "weights"), ("group_size", "group"), ("weight_bytes", "linear weight bytes"),
                   ("bytes_vs_fp16", "bytes vs fp16"), ("perplexity", "perplexity"), ("perplexity_change", "change"),

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from minillm.loader import resolve_model_path
+from minillm.models.loader import resolve_model_path
 
 
 def write_random_llama(out: Path | str, hidden: int, layers: int, heads: int, kv_heads: int, intermediate: int,

@@ -6,7 +6,7 @@ import json
 import time
 from pathlib import Path
 
-from minillm.env import collect_env
+from minillm.utils.env import collect_env
 
 
 def format_table(rows: list[dict], columns: list[tuple[str, str]]) -> str:

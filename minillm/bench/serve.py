@@ -23,8 +23,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from minillm.bench.latency import percentile
 from minillm.bench.serve_workload import Request, arrival_times, build_workload, rate_label
-from minillm.metrics import percentile
 
 PERCENTILES = (50, 95, 99)
 COLUMNS = [("request_rate", "rate req/s"), ("completed", "completed"), ("failed", "failed"),
@@ -152,7 +152,7 @@ async def bench_serve(model: str = "tiny", *, base_url: str | None = None, api_k
     is started in this process with engine_args (as `LLM`'s) for the length of the run. model
     names the served model and the tokenizer the prompts are cut with."""
     from minillm.eval.heldout import eval_token_ids
-    from minillm.loader import load_tokenizer, resolve_model_path
+    from minillm.models.loader import load_tokenizer, resolve_model_path
 
     if num_prompts < 1 or (max_concurrency is not None and max_concurrency < 1):
         raise ValueError(f"num_prompts and max_concurrency must be >= 1, got {num_prompts} and {max_concurrency}")

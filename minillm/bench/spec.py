@@ -23,10 +23,10 @@ from unittest import mock
 from tqdm.auto import tqdm
 
 from minillm import LLM, SamplingParams
+from minillm.engine.trace import record
 from minillm.eval.heldout import eval_token_ids
-from minillm.loader import load_tokenizer, resolve_model_path
+from minillm.models.loader import load_tokenizer, resolve_model_path
 from minillm.spec_decode.acceptance import acceptance_stats
-from minillm.trace import record
 
 PROMPT_LEN = 32
 COLUMNS = [("method", "method"), ("temperature", "temp"), ("batch", "batch"), ("k", "k"),

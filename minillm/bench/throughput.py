@@ -33,10 +33,10 @@ import time
 
 import torch
 
+from minillm.bench.latency import request_latencies, summarize
 from minillm.eval.heldout import eval_token_ids
 from minillm.llm import LLM
-from minillm.loader import resolve_model_path
-from minillm.metrics import request_latencies, summarize
+from minillm.models.loader import resolve_model_path
 from minillm.sampling_params import SamplingParams
 
 COLUMNS = [("system", "system"), ("tokens_per_s", "tokens/s"), ("ttft_p50_ms", "TTFT p50 ms"),

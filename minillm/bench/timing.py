@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import torch
 
-from minillm.cuda_graph import capture_graph
+from minillm.engine.cuda_graph import capture_graph
 
 L2_DEFEAT_BYTES = 256 << 20  # more than any GPU's L2 cache
 

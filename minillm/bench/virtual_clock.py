@@ -14,11 +14,11 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from minillm.engine import LLMEngine
-from minillm.metrics import percentile
+from minillm.bench.latency import percentile
+from minillm.engine.llm_engine import LLMEngine
+from minillm.engine.scheduler import Scheduler
+from minillm.engine.trace import StepEvent
 from minillm.sampling_params import RequestOutputKind, SamplingParams
-from minillm.scheduler import Scheduler
-from minillm.trace import StepEvent
 
 
 @dataclass(frozen=True)

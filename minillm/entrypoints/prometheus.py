@@ -8,8 +8,8 @@ from collections.abc import Iterator
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
-from minillm.engine_metrics import Counter, Histogram, Vector
-from minillm.engine_metrics import Metric as EngineMetric
+from minillm.engine.metrics import Counter, Histogram, Vector
+from minillm.engine.metrics import Metric as EngineMetric
 
 
 class _Snapshot:

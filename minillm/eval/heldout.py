@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from minillm.corpus import read_texts, stdlib_files
+from minillm.eval.corpus import read_texts, stdlib_files
 
 
 def eval_token_ids(tokenizer, text_file: str | Path | None = None) -> list[int]:

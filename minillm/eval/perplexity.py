@@ -13,8 +13,8 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from minillm.engine.model_runner import sequence_logits
 from minillm.llm import LLM
-from minillm.model_runner import sequence_logits
 
 
 def perplexity(llm: LLM, token_ids: list[int], window: int = 512, windows_per_batch: int = 8) -> dict:

@@ -13,9 +13,9 @@ import time
 
 from minillm.eval.acceptance import sample_prompts
 from minillm.eval.perplexity import perplexity
-from minillm.kv_pool import kv_bytes_per_token
+from minillm.kv.pool import kv_bytes_per_token
+from minillm.layers.quant_linear import linear_weight_bytes
 from minillm.llm import LLM
-from minillm.quant.linear import linear_weight_bytes
 from minillm.sampling_params import SamplingParams
 
 

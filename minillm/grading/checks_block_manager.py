@@ -18,9 +18,9 @@ import random
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from minillm.block_manager import BlockManager, hash_block
 from minillm.grading.engine_check import check_generation
 from minillm.grading.feedback import CheckFailed, call_learner
+from minillm.kv.block_manager import BlockManager, hash_block
 from minillm.llm import LLM
 from minillm.sampling_params import SamplingParams
 from minillm.sequence import Sequence

@@ -15,10 +15,10 @@ import torch
 
 from minillm.grading.engine_check import check_generation
 from minillm.grading.feedback import CheckFailed, call_learner, shape
+from minillm.layers.quant_linear import QuantLinear, decoder_linears
 from minillm.llm import LLM
-from minillm.loader import load_model
+from minillm.models.loader import load_model
 from minillm.quant import int4, reference
-from minillm.quant.linear import QuantLinear, decoder_linears
 
 # (rows, inputs, group size, what is special about it)
 CASES = ((4, 64, 32, "two groups per row"),

@@ -4,7 +4,7 @@ engine's KV pool.
 
 Expected values come from the engine's own functions: `decode_step_bytes` and `step_flops` of
 minillm.bench.decode (the roofline's accounting, which tests check against the loaded modules),
-and `plan_kv_blocks` of minillm.kv_pool (what the engine sizes its pool with). A wrong answer is
+and `plan_kv_blocks` of minillm.kv.pool (what the engine sizes its pool with). A wrong answer is
 compared with what the common mistakes give (attention heads where KV heads belong, K without V, a
 tied embedding counted twice, int8 scales forgotten, bits for bytes, ...), so that the message can
 name the mistake.
@@ -19,11 +19,11 @@ from unittest import mock
 
 import torch
 
-from minillm import kv_pool
 from minillm.bench import decode
-from minillm.config import ModelConfig
+from minillm.config.model import ModelConfig
 from minillm.grading.feedback import CheckFailed, call_learner
-from minillm.kv_pool import kv_bytes_per_token
+from minillm.kv import pool as kv_pool
+from minillm.kv.pool import kv_bytes_per_token
 from minillm.llm import LLM
 from minillm.sampling_params import SamplingParams
 

@@ -20,15 +20,15 @@ import random
 from collections.abc import Callable
 
 from minillm.bench.virtual_clock import StepCost, TimedRequest, replay, summarize, workload
-from minillm.block_manager import BlockManager
-from minillm.engine_config import SchedulerConfig
+from minillm.config.engine import SchedulerConfig
+from minillm.engine.runner_output import ModelRunnerOutput
+from minillm.engine.scheduler import ScheduledBatch, Scheduler
 from minillm.grading.engine_check import check_generation
 from minillm.grading.feedback import CheckFailed, call_learner
-from minillm.kv_cache_manager import PagedKVCacheManager
+from minillm.kv.block_manager import BlockManager
+from minillm.kv.manager import PagedKVCacheManager
 from minillm.llm import LLM
-from minillm.runner_output import ModelRunnerOutput
 from minillm.sampling_params import SamplingParams
-from minillm.scheduler import ScheduledBatch, Scheduler
 from minillm.sequence import Sequence, SequenceStatus
 
 BLOCK_SIZE = 4

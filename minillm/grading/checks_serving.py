@@ -16,11 +16,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from minillm.bench.virtual_clock import StepCost, replay, summarize, with_token_budget, workload
-from minillm.engine_config import SchedulerConfig
+from minillm.config.engine import SchedulerConfig
+from minillm.engine.scheduler import Scheduler
 from minillm.grading.feedback import CheckFailed, call_learner
 from minillm.llm import LLM
 from minillm.sampling_params import SamplingParams
-from minillm.scheduler import Scheduler
 from minillm.sequence import Sequence
 
 # A GPU-like step: 5 ms whatever its size, and 0.1 ms per token computed.

@@ -20,15 +20,15 @@ from unittest import mock
 import torch
 
 from minillm import sequence
+from minillm.engine.model_runner import sequence_logits
 from minillm.grading.engine_check import check_generation
 from minillm.grading.feedback import CheckFailed, call_learner, shape, spans
-from minillm.layers.sampler import SamplingMetadata, sampling_probs
 from minillm.llm import LLM
-from minillm.model_runner import sequence_logits
+from minillm.sample import rejection_sampler
+from minillm.sample.rejection_sampler import PAD, RejectionSampler
+from minillm.sample.sampler import SamplingMetadata, sampling_probs
 from minillm.sampling_params import SamplingParams
-from minillm.spec_decode import rejection_sampler
 from minillm.spec_decode.chi_square import chi_square, p_value
-from minillm.spec_decode.rejection_sampler import PAD, RejectionSampler
 
 GREEDY_ARGS = ("target_token_ids", "draft_token_ids", "num_draft_tokens")
 STOCHASTIC_ARGS = ("target_probs", "draft_probs", "draft_token_ids", "num_draft_tokens", "uniforms", "noise")

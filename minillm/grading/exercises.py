@@ -20,8 +20,8 @@ from pathlib import Path
 
 from nbformat import NotebookNode
 
+from minillm.course.release import retarget_colab_links
 from minillm.grading.notebook import BEGIN_SOLUTION, END_SOLUTION, dumps, is_solution, nbgrader, read
-from minillm.release import retarget_colab_links
 
 CODE_STUB = ("# YOUR CODE HERE", "raise NotImplementedError()")
 ANSWER_STUB = "YOUR ANSWER HERE"

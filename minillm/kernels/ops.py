@@ -12,12 +12,10 @@ from types import SimpleNamespace
 
 import torch
 
-from minillm.device import triton_status
+from minillm.config.engine import KERNEL_CHOICES, KERNELS
 from minillm.kernels import reference
 from minillm.quant.reference import int4_matmul_ref, int8_matmul_ref
-
-KERNELS = ("torch", "triton")
-KERNEL_CHOICES = ("auto", *KERNELS)
+from minillm.utils.device import triton_status
 
 
 def resolve_kernel(name: str, device: torch.device, block_size: int) -> str:

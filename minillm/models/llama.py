@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from minillm.config import ModelConfig
+from minillm.config.model import ModelConfig
 from minillm.layers.linear import MergedLinear
 from minillm.layers.norm import RMSNorm
 from minillm.layers.rotary import RotaryEmbedding, apply_rotary

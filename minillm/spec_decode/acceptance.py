@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TypedDict
 
-from minillm.trace import SeqState, Trace
+from minillm.engine.trace import SeqState, Trace
 
 
 class AcceptanceStats(TypedDict):

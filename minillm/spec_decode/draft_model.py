@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import torch
 
-from minillm.input_buffers import InputBuffers
-from minillm.kv_cache_manager import KVCacheManager
-from minillm.layers.sampler import SamplingMetadata, ban_tokens, per_row_random, sampling_probs
-from minillm.model_input import build_model_input, compute_logits
+from minillm.engine.input_buffers import InputBuffers
+from minillm.engine.model_input import build_model_input, compute_logits
+from minillm.kv.manager import KVCacheManager
 from minillm.models.llama import LlamaForCausalLM
+from minillm.sample.sampler import SamplingMetadata, ban_tokens, per_row_random, sampling_probs
 from minillm.sequence import Sequence
 from minillm.spec_decode.proposal import Proposal
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from minillm.config.speculative import SpeculativeConfig
 from minillm.sequence import Sequence
-from minillm.spec_decode.config import SpeculativeConfig
 from minillm.spec_decode.proposal import Proposal
 
 

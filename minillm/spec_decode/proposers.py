@@ -5,13 +5,13 @@ from __future__ import annotations
 import torch
 
 from minillm.attention.paged import PagedAttention
-from minillm.config import ModelConfig
-from minillm.input_buffers import InputBuffers
-from minillm.kv_cache_manager import KVCacheManager, PagedKVCacheManager
-from minillm.kv_pool import KVPool
-from minillm.loader import load_model, load_tokenizer, resolve_model_path
+from minillm.config.model import ModelConfig
+from minillm.config.speculative import SpeculativeConfig
+from minillm.engine.input_buffers import InputBuffers
+from minillm.kv.manager import KVCacheManager, PagedKVCacheManager
+from minillm.kv.pool import KVPool
 from minillm.models.llama import LlamaForCausalLM
-from minillm.spec_decode.config import SpeculativeConfig
+from minillm.models.loader import load_model, load_tokenizer, resolve_model_path
 from minillm.spec_decode.draft_model import DraftModelProposer
 from minillm.spec_decode.ngram import NgramProposer
 from minillm.spec_decode.proposal import Proposer

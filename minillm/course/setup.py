@@ -1,0 +1,47 @@
+"""What every course notebook does first: pick the device and the model, fix the seeds.
+
+Every notebook's setup cell (written from minillm/course/release.py) ends by calling `setup()`.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from dataclasses import dataclass
+
+import torch
+
+from minillm.utils.device import default_device
+
+GPU_MODELS = ("HuggingFaceTB/SmolLM2-360M", "HuggingFaceTB/SmolLM2-135M")  # target, draft
+CPU_MODELS = ("tiny", "tiny-draft")
+SEED = 0
+
+
+@dataclass(frozen=True)
+class CourseSetup:
+    device: str
+    model: str
+    draft_model: str
+
+    def __repr__(self) -> str:
+        return f"CourseSetup(device={self.device!r}, model={self.model!r}, draft_model={self.draft_model!r})"
+
+
+def setup(seed: int = SEED) -> CourseSetup:
+    """Device (cuda, then mps, then cpu), models ($MINILLM_MODEL / $MINILLM_DRAFT_MODEL override the
+    defaults: tiny on a CPU, the SmolLM2 pair on a GPU), and every seed fixed."""
+    device = default_device()
+    default_model, default_draft = GPU_MODELS if device == "cuda" else CPU_MODELS
+    choice = CourseSetup(device=device, model=os.environ.get("MINILLM_MODEL", default_model),
+                         draft_model=os.environ.get("MINILLM_DRAFT_MODEL", default_draft))
+    random.seed(seed)
+    torch.manual_seed(seed)
+    try:
+        import numpy
+
+        numpy.random.seed(seed)
+    except ImportError:
+        pass
+    print(choice)
+    return choice

@@ -1,0 +1,228 @@
+"""LLMEngine: owns the model, the cache, the scheduler; `step()` is one iteration of serving."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import warnings
+from collections.abc import Callable
+
+import torch
+
+from minillm.config.engine import EngineConfig, check_checkpoint_quantization, resolve_max_model_len
+from minillm.config.model import ModelConfig
+from minillm.engine.metrics import EngineCounters, Metric, collect_metrics
+from minillm.engine.model_runner import ModelRunner
+from minillm.engine.output_processor import OutputProcessor
+from minillm.engine.runner_output import ModelRunnerOutput
+from minillm.engine.scheduler import ScheduledBatch, Scheduler
+from minillm.engine.trace import SeqState, StepEvent, TraceInfo
+from minillm.kernels.ops import resolve_kernel
+from minillm.kv.manager import create_kv_cache_manager
+from minillm.kv.pool import kv_bytes_per_token
+from minillm.layers.quant_linear import quantize_model
+from minillm.models.loader import load_model, load_tokenizer, resolve_model_path
+from minillm.outputs import RequestOutput
+from minillm.sampling_params import SamplingParams
+from minillm.sequence import Sequence
+from minillm.spec_decode.acceptance import AcceptanceCounts
+from minillm.spec_decode.proposers import create_proposer, load_draft_model
+from minillm.utils.device import device_memory_bytes, resolve_device, resolve_dtype
+
+PromptType = str | dict
+
+
+class LLMEngine:
+    def __init__(self, model: str, **engine_args) -> None:
+        """engine_args: vLLM's names, as listed in `LLM`'s docstring; see engine_config.py."""
+        self.config = config = EngineConfig.from_engine_args(model, **engine_args)
+        self.model_name = str(model)
+        self.model_path = path = resolve_model_path(model)
+        self.model_config = model_config = ModelConfig.from_dir(path)
+        self.max_model_len = resolve_max_model_len(config.model.max_model_len, model_config)
+        self.device = resolve_device(config.device.device)
+        self.dtype = resolve_dtype(config.model.dtype, model_config.checkpoint_dtype, self.device)
+        self.kv_cache_dtype = config.cache.kv_cache_dtype
+        kernel = resolve_kernel(config.device.attention_backend, self.device, config.cache.block_size)
+        check_checkpoint_quantization(config.model, model_config, path)
+        self.tokenizer = None if config.model.skip_tokenizer_init else load_tokenizer(path)
+        # A quantized checkpoint loads quantized. Its matmuls run on the attention's kernels: Triton's
+        # on a GPU, PyTorch's references on a CPU unless Triton's interpreter is asked for.
+        self.model = load_model(path, model_config, self.dtype, self.device, kernel)
+        if config.model.quantization is not None and model_config.quantization is None:
+            quantize_model(self.model, config.model.quantization, config.model.quant_group_size, kernel)
+        eos = set(model_config.eos_token_ids)
+        if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
+            eos.add(self.tokenizer.eos_token_id)
+        self.eos_token_ids = frozenset(eos)
+        spec = config.speculative
+        # The draft loads before the KV pools are sized: its weights and its own pool share the memory.
+        draft = load_draft_model(spec, model_config, self.tokenizer, self.dtype, self.device, kernel,
+                                 self.max_model_len) if spec is not None and spec.method == "draft_model" else None
+        self.kv_cache_manager = kv = create_kv_cache_manager(
+            config.cache, model_config, self.dtype, self.device, kernel, self.max_model_len,
+            config.scheduler.max_num_seqs,
+            kv_bytes_per_token(draft[1], self.dtype, self.kv_cache_dtype) if draft else 0)
+        self.kv_cache, self.block_manager = kv.storage, kv.block_manager
+        self.model_runner = runner = ModelRunner(self.model, kv, config.scheduler, self.max_model_len, self.device,
+                                                 config.model.seed)
+        if spec is not None:
+            runner.set_proposer(create_proposer(spec, draft, kv, runner.buffers, runner.sampler.generator, kernel,
+                                                self.kv_cache_dtype), spec.num_speculative_tokens)
+        self.spec_decoding_stats = AcceptanceCounts(spec.num_speculative_tokens) if spec else None
+        self.counters = EngineCounters()
+        # Decode steps replay CUDA graphs, as in vLLM, where the step is made of Triton kernels on a GPU.
+        if not config.device.enforce_eager and self.device.type == "cuda" and kernel == "triton":
+            self.model_runner.capture_decode_graphs()
+        self.output_processor = OutputProcessor(self.tokenizer)
+        self.scheduler = Scheduler(config.scheduler, kv, self.output_processor.append_token)
+        self.step_listeners: list[Callable[[StepEvent], None]] = []  # see trace.py
+        self.num_steps = 0
+
+    def add_request(self, request_id: str, prompt: PromptType, params: SamplingParams,
+                    arrival_time: float | None = None) -> None:
+        text, token_ids = self.process_prompt(prompt)
+        self.check_params(params)
+        if self.scheduler.find(request_id) is not None:
+            raise ValueError(f"request_id {request_id!r} is already in the engine")
+        generator = None
+        if params.seed is not None:
+            generator = torch.Generator(device=self.device).manual_seed(params.seed)
+        self.scheduler.add_request(Sequence(
+            request_id, text, token_ids, params, self.max_model_len, self.eos_token_ids, generator,
+            time.time() if arrival_time is None else arrival_time))
+
+    def abort_request(self, request_id: str) -> None:
+        seq = self.scheduler.find(request_id)
+        if seq is not None:
+            seq.finish_reason = "abort"
+            self.scheduler.finish(seq)
+            self.counters.request_success["abort"] += 1
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    def step(self) -> list[RequestOutput]:
+        """One iteration: schedule, run the model, hand its tokens to the scheduler, make outputs."""
+        batch = self.scheduler.schedule()
+        if not batch.seqs:
+            return []
+        before = self._seq_states(batch) if self.step_listeners else None
+        num_outputs = [seq.num_output_tokens for seq in batch.seqs]
+        output = self.model_runner.execute_model(batch)
+        received = self.scheduler.update(batch, output)
+        outputs = self.output_processor.make_outputs(received)
+        self._count(batch, output, num_outputs)
+        if before is not None:
+            self._notify(self._step_event(batch, before, output))
+        self.num_steps += 1
+        return outputs
+
+    def _count(self, batch: ScheduledBatch, output: ModelRunnerOutput, num_outputs: list[int]) -> None:
+        """The step into the counters of get_metrics; num_outputs: each sequence's tokens before it."""
+        c = self.counters
+        c.num_preemptions += len(batch.preempted)
+        for drafts, tokens in zip(output.spec_token_ids, output.sampled_token_ids):
+            if drafts:  # accepted: what the rejection sampler kept, whether or not a stop cut the run
+                self.spec_decoding_stats.add(len(drafts), len(tokens) - 1)
+        for seq, before in zip(batch.seqs, num_outputs):
+            c.generation_tokens += seq.num_output_tokens - before
+            m = seq.metrics
+            if before == 0 and seq.num_output_tokens:  # its first token: the prompt is done
+                c.prompt_tokens += seq.num_prompt_tokens
+                c.prefix_cache_queries += seq.num_prompt_tokens
+                c.prefix_cache_hits += seq.num_cached_tokens
+                c.time_to_first_token.observe(m.first_token_time - m.arrival_time)
+            if seq.finish_reason is not None:
+                c.request_success[seq.finish_reason] += 1
+                c.e2e_request_latency.observe(m.finished_time - m.arrival_time)
+                if seq.num_output_tokens > 1:
+                    c.time_per_output_token.observe(
+                        (m.last_token_time - m.first_token_time) / (seq.num_output_tokens - 1))
+
+    def get_metrics(self) -> list[Metric]:
+        kv = self.kv_cache_manager
+        usage = 1 - kv.num_free_blocks / kv.num_blocks if kv.num_blocks else 0.0
+        return collect_metrics({"model_name": self.model_name, "engine": "0"}, self.counters,
+                               len(self.scheduler.running), len(self.scheduler.waiting), usage,
+                               self.spec_decoding_stats)
+
+    def _notify(self, event: StepEvent) -> None:
+        # Listeners are views and probes: one that breaks must not break generation. It is warned
+        # about and removed; the engine's own state is complete before any listener runs.
+        for listener in list(self.step_listeners):
+            try:
+                listener(event)
+            except Exception as e:
+                self.step_listeners.remove(listener)
+                warnings.warn(f"step listener {listener!r} raised {type(e).__name__}: {e}; it was removed",
+                              RuntimeWarning, stacklevel=2)
+
+    def trace_info(self) -> TraceInfo:
+        kv = self.kv_cache_manager
+        return TraceInfo(
+            model=self.model_name, device=str(self.device), dtype=str(self.dtype).replace("torch.", ""),
+            kv_cache=kv.name, kv_bytes_per_token=kv_bytes_per_token(self.model_config, self.dtype, self.kv_cache_dtype),
+            device_memory_bytes=device_memory_bytes(self.device), max_model_len=self.max_model_len,
+            max_num_seqs=self.scheduler.max_num_seqs, block_size=kv.block_size, num_kv_blocks=kv.num_blocks,
+            speculative_method=spec.method if (spec := self.config.speculative) else None,
+            num_speculative_tokens=spec.num_speculative_tokens if spec else 0)
+
+    def _seq_states(self, batch: ScheduledBatch) -> list[SeqState]:
+        """The batch's sequences before the step runs: what it computes of each, and their memory."""
+        states = []
+        for seq, n in zip(batch.seqs, batch.num_new_tokens):
+            start = seq.num_computed_tokens  # the first position computed
+            prefill = max(0, min(start + n, seq.num_prompt_tokens) - start)
+            states.append(SeqState(
+                request_id=seq.request_id, prefill_tokens=prefill, decode_tokens=n - prefill, kv_tokens=start,
+                kv_reserved_tokens=self.kv_cache_manager.reserved_tokens(seq), block_table=tuple(seq.block_table),
+                num_cached_tokens=seq.num_cached_tokens))
+        return states
+
+    def _step_event(self, batch: ScheduledBatch, before: list[SeqState], output: ModelRunnerOutput) -> StepEvent:
+        """The step as the widgets see it, once finished sequences have given their memory back."""
+        kv = self.kv_cache_manager
+        seqs = tuple(dataclasses.replace(
+            state, kv_tokens=seq.num_computed_tokens, finish_reason=seq.finish_reason,
+            decode_tokens=state.decode_tokens - reserved + len(spec), spec_token_ids=tuple(spec),
+            num_accepted_tokens=len(tokens) - 1 if spec else 0, target_token_id=tokens[-1] if spec else None)
+            for seq, state, reserved, spec, tokens in zip(batch.seqs, before, batch.num_spec_tokens,
+                                                          output.spec_token_ids, output.sampled_token_ids))
+        return StepEvent(step=self.num_steps, seqs=seqs, num_waiting=len(self.scheduler.waiting),
+                         num_free_blocks=kv.num_free_blocks, cached_blocks=tuple(sorted(kv.cached_block_ids.values())),
+                         preempted=tuple(s.request_id for s in batch.preempted))
+
+    def process_prompt(self, prompt: PromptType) -> tuple[str | None, list[int]]:
+        """Validate a prompt and tokenize it: a string, {"prompt": str} or {"prompt_token_ids": [...]}."""
+        if isinstance(prompt, dict) and "prompt_token_ids" in prompt:
+            text, ids = prompt.get("prompt"), prompt["prompt_token_ids"]
+            if not isinstance(ids, (list, tuple)) or not all(
+                    isinstance(i, int) and not isinstance(i, bool) for i in ids):
+                raise ValueError(f"prompt_token_ids must be a list of ints, got {ids!r:.80}")
+            ids = list(ids)
+        else:
+            text = prompt.get("prompt") if isinstance(prompt, dict) else prompt
+            if not isinstance(text, str):
+                raise ValueError("prompt must be a string, {'prompt': str} or {'prompt_token_ids': [int, ...]}, "
+                                 f"got {type(prompt).__name__}")
+            if self.tokenizer is None:
+                raise ValueError("prompt must be {'prompt_token_ids': [...]} when skip_tokenizer_init=True")
+            ids = self.tokenizer(text, add_special_tokens=True)["input_ids"]
+        if not ids:
+            raise ValueError("prompt must not be empty (it has no tokens)")
+        vocab = self.model_config.vocab_size
+        if bad := [i for i in ids if not 0 <= i < vocab]:
+            raise ValueError(f"prompt_token_ids must be in [0, {vocab}), got {bad[0]}")
+        if len(ids) >= self.max_model_len:
+            raise ValueError(f"prompt has {len(ids)} tokens, but max_model_len is {self.max_model_len}: "
+                             "it must be shorter, to leave room for at least one generated token")
+        return text, ids
+
+    def check_params(self, params: SamplingParams) -> None:
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"sampling_params must be SamplingParams, got {type(params).__name__}")
+        if params.stop_strings and self.tokenizer is None:
+            raise ValueError("stop strings need a tokenizer; with skip_tokenizer_init=True use stop_token_ids")
+        if params.logprobs is not None and params.logprobs > self.model_config.vocab_size:
+            raise ValueError(f"logprobs must be <= vocab_size={self.model_config.vocab_size}, got {params.logprobs}")

@@ -1,0 +1,134 @@
+"""Runs one scheduled step in three parts: `prepare` flattens the batch into the runner's persistent
+input buffers, `execute` runs the model and computes logits where tokens are due, `sample` turns
+them into tokens, a list for each sequence. Pure decode steps replay CUDA graphs where they were
+captured (cuda_graph.py).
+
+With speculative decoding a proposer drafts tokens for the decodes first (spec_decode/), the target
+computes logits at each of them and the rejection sampler keeps what it agrees with."""
+
+from __future__ import annotations
+
+import bisect
+import functools
+
+import torch
+
+from minillm.attention import AttentionMetadata, NoCacheAttention
+from minillm.config.engine import SchedulerConfig
+from minillm.engine.cuda_graph import DecodeGraphs, capture_sizes
+from minillm.engine.input_buffers import InputBuffers
+from minillm.engine.model_input import ModelInput, build_model_input, compute_logits
+from minillm.engine.runner_output import ModelRunnerOutput
+from minillm.engine.scheduler import ScheduledBatch
+from minillm.kv.manager import KVCacheManager
+from minillm.models.llama import LlamaForCausalLM
+from minillm.sample.rejection_sampler import RejectionSampler
+from minillm.sample.sampler import Sampler, SamplingMetadata
+from minillm.sequence import Sequence
+from minillm.spec_decode.proposal import Proposer
+
+
+class ModelRunner:
+    def __init__(self, model: LlamaForCausalLM, kv_cache_manager: KVCacheManager, config: SchedulerConfig,
+                 max_model_len: int, device: torch.device, seed: int) -> None:
+        """Speculation is switched on afterwards, by `set_proposer`, as it needs the runner's buffers."""
+        self.model = model
+        self.kv_cache_manager = kv_cache_manager
+        self.attn_backend = kv_cache_manager.attn_backend
+        self.max_model_len = max_model_len
+        self.device = device
+        self.sampler = Sampler(torch.Generator(device=device).manual_seed(seed))
+        self.max_num_seqs = config.max_num_seqs
+        # A decode step of max_num_seqs rows must fit too, whatever the token budget.
+        max_tokens = max(config.max_num_batched_tokens, config.max_num_seqs)
+        block_size = kv_cache_manager.block_size
+        self.buffers = InputBuffers(max_tokens, config.max_num_seqs,
+                                    -(-max_model_len // block_size) if block_size else 0, device)
+        self.decode_graphs: DecodeGraphs | None = None
+        self.proposer: Proposer | None = None
+        self.rejection_sampler: RejectionSampler | None = None
+
+    def set_proposer(self, proposer: Proposer, num_speculative_tokens: int) -> None:
+        self.proposer = proposer
+        self.rejection_sampler = RejectionSampler(self.sampler.generator, num_speculative_tokens)
+
+    def capture_decode_graphs(self, capture: bool = True) -> None:
+        """Run pure decode steps through CUDA graphs (cuda_graph.py); capture=False runs the same
+        padded path eagerly, for tests on a CPU."""
+        self.decode_graphs = DecodeGraphs(self._decode_forward, capture_sizes(self.max_num_seqs), capture)
+
+    @torch.inference_mode()
+    def execute_model(self, batch: ScheduledBatch) -> ModelRunnerOutput:
+        if self.proposer is None or not any(batch.num_spec_tokens):
+            model_input = self.prepare(batch)
+            return self.sample(self.execute(model_input), batch.seqs, model_input)
+        proposal = self.proposer.propose(batch.seqs, batch.num_spec_tokens)
+        spec = proposal.token_ids
+        logits = self.execute(self.prepare(batch, spec))
+        rows = [i for i, sample in enumerate(batch.do_sample) if sample]  # prompt chunks have no logits
+        emitted, sampled = self.rejection_sampler(logits, [batch.seqs[i] for i in rows], [spec[i] for i in rows],
+                                                  [proposal.probs[i] for i in rows])
+        tokens: list[list[int]] = [[] for _ in batch.seqs]
+        for i, run in zip(rows, emitted):
+            tokens[i] = run
+        return ModelRunnerOutput(tokens, sampled, spec)
+
+    def prepare(self, batch: ScheduledBatch, spec_token_ids: list[list[int]] | None = None) -> ModelInput:
+        """The batch's inputs; with spec_token_ids, each sequence's drafts follow its last token (fewer
+        than the slots reserved where the proposer found fewer) and each gets logits."""
+        spec = spec_token_ids or [[] for _ in batch.seqs]
+        starts = [seq.num_computed_tokens for seq in batch.seqs]
+        token_ids = [seq.token_ids[start:start + n - reserved] + drafts for seq, start, n, reserved, drafts
+                     in zip(batch.seqs, starts, batch.num_new_tokens, batch.num_spec_tokens, spec)]
+        # Logits at each sampling sequence's last position, and at each of its drafts.
+        num_logits = [len(drafts) + 1 if sample else 0 for sample, drafts in zip(batch.do_sample, spec)]
+        return build_model_input(batch.seqs, starts, token_ids, num_logits, self.kv_cache_manager, self.buffers,
+                                 self._graph_size(batch))
+
+    def execute(self, model_input: ModelInput) -> torch.Tensor | None:
+        """Logits [rows, vocab] at model_input.logits_indices; None if the step samples nothing."""
+        if model_input.graph_size is not None:
+            return self.decode_graphs.run(model_input.graph_size)[:model_input.num_seqs]
+        return compute_logits(self.model, self.attn_backend, model_input)
+
+    def sample(self, logits: torch.Tensor | None, seqs: list[Sequence], model_input: ModelInput) -> ModelRunnerOutput:
+        if logits is None:
+            return ModelRunnerOutput([[] for _ in seqs])
+        row_seqs = [seq for seq, k in zip(seqs, model_input.num_logits) for _ in range(k)]
+        sampled = self.sampler(logits, SamplingMetadata.from_seqs(row_seqs, self.device))
+        tokens, row = [], 0
+        for k in model_input.num_logits:
+            tokens.append(sampled.token_ids[row:row + k])
+            row += k
+        return ModelRunnerOutput(tokens, sampled)
+
+    def _graph_size(self, batch: ScheduledBatch) -> int | None:
+        """The decode graph a step replays: one token per sequence, each sampled, and few enough."""
+        graphs = self.decode_graphs
+        n = len(batch.seqs)
+        if graphs is None or n > graphs.sizes[-1] or not all(batch.do_sample) or any(
+                k != 1 for k in batch.num_new_tokens):
+            return None
+        return graphs.sizes[bisect.bisect_left(graphs.sizes, n)]
+
+    def _decode_forward(self, num_rows: int) -> torch.Tensor:
+        """The model on the first num_rows rows of the buffers, as a pure decode step: logits for each."""
+        metadata = self.kv_cache_manager.decode_metadata(self.buffers, num_rows, self.max_model_len)
+        hidden = self.model(self.buffers.input_ids[:num_rows], self.buffers.positions[:num_rows],
+                            functools.partial(self.attn_backend.forward, metadata=metadata))
+        return self.model.compute_logits(hidden)
+
+
+@torch.inference_mode()
+def sequence_logits(model: LlamaForCausalLM, sequences: list[list[int]]) -> list[torch.Tensor]:
+    """Logits at every position of each whole sequence, no cache involved: [len(seq), vocab] each.
+    All sequences go through the model together, as one flattened batch."""
+    device = model.model.embed_tokens.weight.device
+    query_start_loc = [0]
+    for seq in sequences:
+        query_start_loc.append(query_start_loc[-1] + len(seq))
+    metadata = AttentionMetadata(query_start_loc=query_start_loc, start_pos=[0] * len(sequences))
+    hidden = model(torch.tensor([t for seq in sequences for t in seq], device=device),
+                   torch.tensor([p for seq in sequences for p in range(len(seq))], device=device),
+                   functools.partial(NoCacheAttention().forward, metadata=metadata))
+    return list(model.compute_logits(hidden).split([len(seq) for seq in sequences]))

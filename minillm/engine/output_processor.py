@@ -1,0 +1,136 @@
+"""After sampling: append each token, turn tokens into text, decide where a sequence stops, and
+make the outputs the user sees. The scheduler calls `append_token` for each token a step produced.
+
+Text is produced incrementally. Decoding only the newest token is wrong for byte-level BPE: one
+character can span several tokens (the first tokens of an emoji decode to U+FFFD), and some
+tokenizers decide a token's leading space from its neighbour. So a short window of recent tokens
+is decoded twice, with and without the newest ones, and only the difference is appended, once it
+no longer ends in an incomplete character.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from minillm.outputs import CompletionOutput, Logprob, RequestOutput
+from minillm.sample.sampler import SamplerOutput
+from minillm.sampling_params import RequestOutputKind
+from minillm.sequence import Sequence
+
+# (sequence, token, the sampler's rows, the token's row): appends and sets finish_reason if it stops.
+TokenAppender = Callable[[Sequence, int, SamplerOutput | None, int], None]
+
+
+class OutputProcessor:
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+
+    def append_token(self, seq: Sequence, token: int, sampled: SamplerOutput | None, row: int) -> None:
+        """One generated token into seq: its logprobs, its text, and whether seq stops at it."""
+        now = time.time()
+        seq.token_ids.append(token)
+        if seq.metrics.first_token_time is None:
+            seq.metrics.first_token_time = now
+        seq.metrics.last_token_time = now
+        if seq.logprobs is not None:
+            self._append_logprobs(seq, sampled, row, token)
+        new_chars = self._detokenize(seq) if self._tracks_text(seq) else 0
+        self._check_stop(seq, token, new_chars)
+        if seq.finish_reason is not None:
+            seq.metrics.finished_time = now
+            self._finalize_text(seq)
+
+    def make_outputs(self, seqs: list[Sequence]) -> list[RequestOutput]:
+        """Outputs for the sequences that received tokens: the finished ones, and every streamed one."""
+        return [self.make_output(seq) for seq in seqs
+                if seq.finish_reason is not None or seq.params.output_kind is RequestOutputKind.CUMULATIVE]
+
+    def decode(self, token_ids: list[int], seq: Sequence) -> str:
+        # No clean-up of "tokenization spaces": it rewrites " ." to "." and would corrupt code.
+        return self.tokenizer.decode(token_ids, skip_special_tokens=seq.params.skip_special_tokens,
+                                     clean_up_tokenization_spaces=False)
+
+    def _tracks_text(self, seq: Sequence) -> bool:
+        """Incremental text is needed to find stop strings and to stream; otherwise the text is
+        decoded once, when the request finishes."""
+        return self.tokenizer is not None and (
+            bool(seq.params.stop_strings) or seq.params.output_kind is RequestOutputKind.CUMULATIVE)
+
+    def _finalize_text(self, seq: Sequence) -> None:
+        if self.tokenizer is None or isinstance(seq.stop_reason, str):
+            return  # no text at all, or already cut at the stop string
+        if not self._tracks_text(seq):
+            seq.output_text = self.decode(seq.output_token_ids, seq)
+        else:  # whatever the incremental window still held back (a character never completed)
+            seq.output_text += self.decode(seq.token_ids[seq.prefix_offset:], seq)[
+                len(self.decode(seq.token_ids[seq.prefix_offset:seq.read_offset], seq)):]
+
+    def _detokenize(self, seq: Sequence) -> int:
+        ids = seq.token_ids
+        before = self.decode(ids[seq.prefix_offset:seq.read_offset], seq)
+        after = self.decode(ids[seq.prefix_offset:], seq)
+        if len(after) <= len(before) or after.endswith("\ufffd"):
+            return 0  # wait for the rest of the character
+        seq.prefix_offset, seq.read_offset = seq.read_offset, len(ids)
+        seq.output_text += after[len(before):]
+        return len(after) - len(before)
+
+    def _check_stop(self, seq: Sequence, token: int, new_chars: int) -> None:
+        params = seq.params
+        if seq.num_output_tokens >= params.min_tokens:
+            if token in seq.eos_token_ids:
+                seq.finish_reason = "stop"
+                return
+            if token in params.stop_token_ids:
+                seq.finish_reason, seq.stop_reason = "stop", token
+                return
+            if params.stop_strings and (stop := self._find_stop_string(seq, new_chars)):
+                seq.finish_reason, seq.stop_reason = "stop", stop
+                return
+        if seq.num_tokens >= seq.max_len:
+            seq.finish_reason = "length"
+
+    @staticmethod
+    def _find_stop_string(seq: Sequence, new_chars: int) -> str | None:
+        """The stop string that occurs first among those completed by the new characters; the
+        text is cut before it (or after it, with include_stop_str_in_output)."""
+        text = seq.output_text
+        found = []
+        for stop in seq.params.stop_strings:
+            index = text.find(stop, max(0, len(text) - new_chars - len(stop) + 1))
+            if index != -1:
+                found.append((index, stop))
+        if not found:
+            return None
+        index, stop = min(found)
+        seq.output_text = text[: index + len(stop) if seq.params.include_stop_str_in_output else index]
+        return stop
+
+    def _append_logprobs(self, seq: Sequence, sampled: SamplerOutput, row: int, token: int) -> None:
+        entry = {token: Logprob(sampled.sampled_logprobs[row], sampled.sampled_ranks[row])}
+        for rank, (tid, lp) in enumerate(zip(sampled.top_token_ids[row] if sampled.top_token_ids else [],
+                                             sampled.top_logprobs[row] if sampled.top_logprobs else []), 1):
+            if rank > seq.params.logprobs:
+                break
+            entry.setdefault(tid, Logprob(lp, rank))
+        if self.tokenizer is not None:
+            for tid, lp in entry.items():
+                lp.decoded_token = self.tokenizer.decode([tid])
+        seq.logprobs.append(entry)
+        seq.cumulative_logprob += sampled.sampled_logprobs[row]
+
+    @staticmethod
+    def make_output(seq: Sequence) -> RequestOutput:
+        text = seq.output_text
+        if seq.finish_reason is None and seq.params.stop_strings:
+            # While streaming, hold back what could still turn out to be the start of a stop string.
+            text = text[: max(0, len(text) - (max(map(len, seq.params.stop_strings)) - 1))]
+        completion = CompletionOutput(
+            index=0, text=text, token_ids=seq.output_token_ids, cumulative_logprob=seq.cumulative_logprob,
+            logprobs=None if seq.logprobs is None else list(seq.logprobs),
+            finish_reason=seq.finish_reason, stop_reason=seq.stop_reason)
+        return RequestOutput(request_id=seq.request_id, prompt=seq.prompt,
+                             prompt_token_ids=seq.prompt_token_ids, outputs=[completion],
+                             finished=seq.finish_reason is not None, metrics=seq.metrics,
+                             num_cached_tokens=seq.num_cached_tokens)

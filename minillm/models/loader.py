@@ -1,0 +1,160 @@
+"""Find a model (shipped, local folder, or Hub id) and load its safetensors weights.
+
+Only safetensors are read: a pickle checkpoint (`.bin`, `.pt`) can run arbitrary code when
+loaded, and no remote code is ever executed. Every failure names the file or tensor at fault.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError, safe_open
+
+from minillm.config.model import ModelConfig
+from minillm.layers.linear import shard_range
+from minillm.layers.quant_linear import QuantLinear, quantize_model
+from minillm.models.llama import LlamaForCausalLM
+from minillm.models.registry import model_class
+
+ASSETS = Path(__file__).parents[1] / "assets"
+SHIPPED_MODELS = {"tiny": ASSETS / "tiny", "tiny-draft": ASSETS / "tiny-draft"}
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+_HUB_FILES = ["*.json", "*.safetensors", "tokenizer.model", "*.txt"]  # never *.bin / *.pt
+PICKLE_SUFFIXES = {".bin", ".pt", ".pth", ".ckpt", ".pkl"}
+_IGNORED_TENSORS = ("rotary_emb.inv_freq",)
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
+
+
+def resolve_model_path(model: str | Path) -> Path:
+    """'tiny' / 'tiny-draft', a local Hugging Face folder, or a Hub id (downloaded once)."""
+    if not isinstance(model, (str, Path)) or not str(model).strip():
+        raise ValueError(f"model must be 'tiny', 'tiny-draft', a local folder or a Hub id, got {model!r}")
+    name = str(model)
+    if name in SHIPPED_MODELS:
+        return SHIPPED_MODELS[name]
+    path = Path(name).expanduser()
+    if path.is_dir():
+        return path
+    if path.exists() or not _HUB_ID.match(name) or name.startswith("."):
+        raise ValueError(f"unknown model {name!r}: not a shipped model ({', '.join(SHIPPED_MODELS)}), "
+                         "not a model folder, and not a Hugging Face Hub id")
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(repo_id=name, allow_patterns=_HUB_FILES))
+    except Exception as e:  # offline, no such repo, gated, network: all mean "cannot have it"
+        raise ValueError(f"unknown model {name!r}: not a shipped model ({', '.join(SHIPPED_MODELS)}) "
+                         f"nor a local folder, and the Hugging Face Hub could not provide it "
+                         f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
+
+
+def weight_files(path: Path) -> list[Path]:
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        missing = [n for n in names if not (path / n).is_file()]
+        if missing:
+            raise ValueError(f"weight file {path / missing[0]} listed in {index.name} is missing")
+        return [path / n for n in names]
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        pickles = sorted(p.name for p in path.iterdir() if p.suffix in PICKLE_SUFFIXES)
+        hint = (f"; found {', '.join(pickles)}, which minillm refuses to load because pickle files "
+                "can run code (convert them to safetensors first)") if pickles else ""
+        raise ValueError(f"no *.safetensors weight files in {path}{hint}")
+    return files
+
+
+def load_model(path: Path, config: ModelConfig, dtype: torch.dtype, device: torch.device,
+               quant_kernel: str = "torch") -> LlamaForCausalLM:
+    """quant_kernel: the matmul of a quantized checkpoint's layers ("torch" or "triton")."""
+    # Built on the meta device (no memory, no random init), then allocated once on the target device.
+    with torch.device("meta"):
+        model = model_class(config.architecture)(config).to(dtype)
+        if config.quantization is not None:  # a quantized checkpoint: its layers take packed weights
+            quantize_model(model, config.quantization, config.quant_group_size or 128, quant_kernel)
+    model.to_empty(device=device)
+    _WeightLoader(model).load(weight_files(path))
+    return model.eval().requires_grad_(False)
+
+
+class _WeightLoader:
+    def __init__(self, model: LlamaForCausalLM) -> None:
+        self.model = model
+        self.params = {name: t for module_name, module in model.named_modules()
+                       for name, t in _loadable(module_name, module)}
+        self.pending = {(name, shard) for name, module_param in self._expected() for shard in module_param}
+
+    def _expected(self):
+        for module_name, module in self.model.named_modules():
+            for full, _ in _loadable(module_name, module):
+                yield full, range(len(module.output_sizes)) if hasattr(module, "output_sizes") else [None]
+
+    def load(self, files: list[Path]) -> None:
+        for file in files:
+            try:
+                with safe_open(str(file), framework="pt") as f:
+                    for name in f.keys():
+                        self._load_tensor(name, f.get_tensor(name), file)
+            except SafetensorError as e:
+                raise ValueError(f"weight file {file} is corrupt or not a safetensors file ({e})") from None
+        if self.pending:
+            names = sorted(self._checkpoint_name(n, s) for n, s in self.pending)
+            raise ValueError(f"{len(names)} tensors the model needs are missing from the checkpoint "
+                             f"{files[0].parent}: {', '.join(names[:5])}{' ...' if len(names) > 5 else ''}")
+
+    def _checkpoint_name(self, name: str, shard: int | None) -> str:
+        if shard is None:
+            return name
+        for ckpt, (merged, idx) in self.model.packed_modules_mapping.items():
+            if f".{merged}." in name and idx == shard:
+                return name.replace(merged, ckpt)
+        return name
+
+    def _load_tensor(self, name: str, tensor: torch.Tensor, file: Path) -> None:
+        if name.endswith(_IGNORED_TENSORS) or (name == "lm_head.weight" and self.model.lm_head is None):
+            return
+        target, shard = name, None
+        for ckpt, (merged, idx) in self.model.packed_modules_mapping.items():
+            if f".{ckpt}." in name:
+                target, shard = name.replace(f".{ckpt}.", f".{merged}."), idx
+                break
+        param = self.params.get(target)
+        if param is None:
+            raise ValueError(f"unexpected tensor {name!r} in {file}: the "
+                             f"{self.model.config.architecture} model has no such weight")
+        dest = param.data
+        if shard is not None:
+            module = self.model.get_submodule(target.rsplit(".", 1)[0])
+            start, end = shard_range(module.output_sizes, shard)
+            dest = dest[start:end]
+        if tuple(tensor.shape) != tuple(dest.shape):
+            raise ValueError(f"tensor {name!r} in {file} has shape {tuple(tensor.shape)}, but config.json "
+                             f"implies {tuple(dest.shape)}")
+        dest.copy_(tensor)
+        self.pending.discard((target, shard))
+
+
+def _loadable(module_name: str, module: torch.nn.Module):
+    """(full name, tensor) of what a module reads from a checkpoint: its own parameters, and a
+    quantized layer's packed weights, scales and zero points (buffers, as they are not trained)."""
+    tensors = module.named_buffers(recurse=False) if isinstance(module, QuantLinear) else \
+        module.named_parameters(recurse=False)
+    for name, tensor in tensors:
+        yield (f"{module_name}.{name}" if module_name else name), tensor
+
+
+def load_tokenizer(path: Path):
+    from transformers import AutoTokenizer
+
+    hint = "pass skip_tokenizer_init=True and give prompts as token ids"
+    if not any((path / name).is_file() for name in _TOKENIZER_FILES):
+        raise ValueError(f"model folder {path} has no tokenizer files ({', '.join(_TOKENIZER_FILES)}); {hint}")
+    try:
+        return AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)
+    except Exception as e:
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise ValueError(f"could not load the tokenizer in {path} ({type(e).__name__}: {reason}); {hint}") from None

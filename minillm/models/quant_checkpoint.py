@@ -1,0 +1,77 @@
+"""Save a quantized model as a Hugging Face-style folder that `LLM(folder)` loads already quantized:
+the writer beside the loader that reads it back.
+
+The folder is the source model's, with `model.safetensors` replaced: the decoder's projections
+hold `qweight`, `scales` (and, for int4, `zeros`) instead of `weight`, under the checkpoint's own
+names (q_proj, k_proj, ... split back out of minillm's merged layers: every quantized tensor has
+the output channels as its first dimension, so the split is the same row ranges as for weights).
+config.json gains a `quantization_config` saying how they were packed (see config.py).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from minillm.layers.linear import shard_range
+from minillm.layers.quant_linear import QuantLinear
+from minillm.models.llama import LlamaForCausalLM
+from minillm.models.loader import PICKLE_SUFFIXES
+
+# Replaced by what is written here (or, for pickle weights, never copied); every other file of the
+# source folder (tokenizer, generation_config.json, README) is copied as it is.
+_NOT_COPIED = ("*.safetensors", "model.safetensors.index.json", "config.json",
+               *(f"*{suffix}" for suffix in PICKLE_SUFFIXES))
+
+
+def save_quantized(model: LlamaForCausalLM, source: str | Path, output_dir: str | Path) -> Path:
+    """Write `model`, loaded from the folder `source` and quantized (LLM(..., quantization=...) does
+    both: pass `llm.llm_engine.model` and `llm.llm_engine.model_path`), to output_dir (created; must
+    not hold a model already), in the dtype it runs in (`minillm quantize` loads it in the
+    checkpoint's own dtype, so that a CPU does not turn a bf16 model into an fp32 file)."""
+    quantized = [m for m in model.modules() if isinstance(m, QuantLinear)]
+    if not quantized:
+        raise ValueError("the model is not quantized: create it with LLM(model, quantization='int8' or 'int4')")
+    out = Path(output_dir)
+    if (out / "config.json").exists():
+        raise ValueError(f"output_dir {out} already holds a model (config.json); choose an empty folder")
+    out.mkdir(parents=True, exist_ok=True)
+    source = Path(source)
+    for file in source.iterdir():
+        if file.is_file() and not any(file.match(pattern) for pattern in _NOT_COPIED):
+            shutil.copy2(file, out / file.name)
+    config = json.loads((source / "config.json").read_text())
+    layer = quantized[0]
+    config["quantization_config"] = {"quant_method": "minillm", "quantization": layer.method,
+                                     "group_size": layer.group_size if layer.method == "int4" else None}
+    # The dtype of the scales and of the unquantized tensors (the scales are kept in the model's
+    # dtype), under both names transformers has used.
+    config["dtype"] = str(layer.scales.dtype).removeprefix("torch.")
+    if "torch_dtype" in config:
+        config["torch_dtype"] = config["dtype"]
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    save_file(checkpoint_tensors(model), str(out / "model.safetensors"), metadata={"format": "pt"})
+    return out
+
+
+def checkpoint_tensors(model: LlamaForCausalLM) -> dict[str, torch.Tensor]:
+    """The model's state under the checkpoint's tensor names, merged layers split back out."""
+    split = {}
+    for ckpt, (merged, index) in model.packed_modules_mapping.items():
+        split.setdefault(merged, []).append((ckpt, index))
+    tensors = {}
+    for name, tensor in model.state_dict().items():
+        module_name, _, tensor_name = name.rpartition(".")
+        parent, _, child = module_name.rpartition(".")
+        if child not in split:
+            tensors[name] = tensor.contiguous().cpu()
+            continue
+        sizes = model.get_submodule(module_name).output_sizes
+        for ckpt, index in split[child]:
+            start, end = shard_range(sizes, index)
+            tensors[f"{parent}.{ckpt}.{tensor_name}"] = tensor[start:end].contiguous().cpu()
+    return tensors

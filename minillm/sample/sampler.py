@@ -1,0 +1,161 @@
+"""Turn each row of logits into one token, all rows in one pass (the runner groups them by sequence).
+
+Each row carries its own SamplingParams (see sampling_params.py for the semantics). Sampling is
+done with the exponential race: argmax(p / E) with E ~ Exp(1) independently per token picks token
+i with probability p_i. Its appeal here is that each row's randomness is one block of noise drawn
+from that request's own generator, so a seeded request samples the same tokens whatever else
+shares the batch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from minillm.sampling_params import GREEDY_EPS
+
+# Where the top-p boundary falls exactly on the cumulative sum, float rounding of the softmax
+# must not decide whether a token stays: mass within this tolerance counts as reaching top_p.
+_TOP_P_TOLERANCE = 1e-6
+
+
+@dataclass
+class SamplerOutput:
+    """One entry per row of logits sampled."""
+
+    token_ids: list[int]
+    # Only when some row asked for logprobs, and computed from the raw logits, as vLLM does:
+    sampled_logprobs: list[float] | None = None
+    sampled_ranks: list[int] | None = None
+    top_token_ids: list[list[int]] | None = None
+    top_logprobs: list[list[float]] | None = None
+
+
+@dataclass
+class SamplingMetadata:
+    temperature: torch.Tensor  # [B]
+    top_k: torch.Tensor | None  # [B], 0 = off; None when no row uses it
+    top_p: torch.Tensor | None  # [B]
+    min_p: torch.Tensor | None  # [B]
+    generators: list[torch.Generator | None]
+    banned_token_ids: list[list[int]]
+    num_logprobs: list[int | None]
+    all_greedy: bool  # known on the host, so that a greedy step never waits on the device to decide
+
+    @classmethod
+    def from_seqs(cls, seqs, device: torch.device, offsets: list[int] | None = None) -> SamplingMetadata:
+        """A row per sequence; offsets: how many tokens past its end each row samples (speculation
+        verifies several positions of one sequence, and min_tokens may end among them)."""
+        params = [s.params for s in seqs]
+        offsets = offsets or [0] * len(seqs)
+
+        def column(values, dtype, unused):
+            return None if all(v == unused for v in values) else torch.tensor(values, dtype=dtype, device=device)
+
+        return cls(
+            temperature=torch.tensor([p.temperature for p in params], dtype=torch.float32, device=device),
+            top_k=column([p.top_k for p in params], torch.long, 0),
+            top_p=column([p.top_p for p in params], torch.float32, 1.0),
+            min_p=column([p.min_p for p in params], torch.float32, 0.0),
+            generators=[s.generator for s in seqs],
+            banned_token_ids=[s.banned_token_ids(o) for s, o in zip(seqs, offsets)],
+            num_logprobs=[p.logprobs for p in params],
+            all_greedy=all(p.greedy for p in params),
+        )
+
+
+def sampling_probs(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
+    """The distribution each row samples from, after temperature, min_p, top_k and top_p: [B, vocab].
+    Greedy rows get a near one-hot; callers take their argmax instead."""
+    x = logits / meta.temperature.clamp(min=GREEDY_EPS)[:, None]
+    if meta.min_p is not None:
+        x = apply_min_p(x, meta.min_p)
+    if meta.top_k is not None or meta.top_p is not None:
+        x = apply_top_k_top_p(x, meta.top_k, meta.top_p)
+    return x.softmax(dim=-1)
+
+
+def ban_tokens(logits: torch.Tensor, banned_token_ids: list[list[int]]) -> None:
+    for row, banned in enumerate(banned_token_ids):
+        if banned:
+            logits[row, banned] = -math.inf
+
+
+def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    # p_i >= min_p * p_max  <=>  logit_i >= logit_max + log(min_p); compared in logit space so
+    # the boundary is exact. log(0) = -inf keeps everything.
+    threshold = logits.amax(dim=-1, keepdim=True) + torch.log(min_p)[:, None]
+    return logits.masked_fill(logits < threshold, -math.inf)
+
+
+def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None) -> torch.Tensor:
+    vocab = logits.shape[-1]
+    sorted_logits, order = logits.sort(dim=-1)  # ascending
+    if top_k is not None:
+        k = torch.where(top_k > 0, top_k.clamp(max=vocab), vocab)
+        kth_largest = sorted_logits.gather(1, (vocab - k)[:, None])
+        sorted_logits = sorted_logits.masked_fill(sorted_logits < kth_largest, -math.inf)
+    if top_p is not None:
+        # Drop a token when it and every less likely token together hold at most 1 - top_p:
+        # what remains is the smallest most-likely set with mass >= top_p.
+        cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+        limit = torch.where(top_p < 1, 1 - top_p + _TOP_P_TOLERANCE, -1.0)
+        drop = cumulative <= limit[:, None]
+        drop[:, -1] = False  # the most likely token always stays
+        sorted_logits = sorted_logits.masked_fill(drop, -math.inf)
+    return torch.empty_like(logits).scatter_(1, order, sorted_logits)
+
+
+class Sampler:
+    def __init__(self, generator: torch.Generator) -> None:
+        self.generator = generator  # for requests without a seed of their own
+
+    def __call__(self, logits: torch.Tensor, meta: SamplingMetadata) -> SamplerOutput:
+        """logits: [B, vocab] float32 -> one token per row."""
+        want_logprobs = any(n is not None for n in meta.num_logprobs)
+        raw_logprobs = logits.log_softmax(dim=-1) if want_logprobs else None
+        ban_tokens(logits, meta.banned_token_ids)
+        tokens = logits.argmax(dim=-1) if meta.all_greedy else self._sample(logits, meta)
+        out = SamplerOutput(token_ids=tokens.tolist())
+        if raw_logprobs is not None:
+            fill_logprobs(out, raw_logprobs, tokens, max(n or 0 for n in meta.num_logprobs))
+        return out
+
+    def _sample(self, logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
+        greedy_rows = meta.temperature < GREEDY_EPS
+        probs = sampling_probs(logits, meta)
+        sampled = probs.div_(self._exponential_noise(probs, meta.generators)).argmax(dim=-1)
+        return torch.where(greedy_rows, logits.argmax(dim=-1), sampled)
+
+    def _exponential_noise(self, probs: torch.Tensor, generators: list[torch.Generator | None]) -> torch.Tensor:
+        return per_row_random(probs.shape, generators, self.generator, torch.Tensor.exponential_)
+
+
+def per_row_random(shape: tuple[int, ...], generators: list[torch.Generator | None], shared: torch.Generator,
+                   fill: Callable[..., torch.Tensor]) -> torch.Tensor:
+    """Random values [rows, ...] filled in place by `fill` (e.g. Tensor.exponential_): a row with a
+    generator of its own draws from it alone, so a seeded request gets the same numbers in any batch;
+    the other rows draw together from `shared`."""
+    device = shared.device
+    out = torch.empty(shape, device=device)
+    rows = [i for i, g in enumerate(generators) if g is None]
+    if rows:
+        out[rows] = fill(torch.empty((len(rows), *shape[1:]), device=device), generator=shared)
+    for row, gen in enumerate(generators):
+        if gen is not None:
+            fill(out[row], generator=gen)
+    return out
+
+
+def fill_logprobs(out: SamplerOutput, raw: torch.Tensor, tokens: torch.Tensor, top_n: int) -> None:
+    """The chosen tokens' logprobs and ranks under raw (log_softmax of the unfiltered logits), and the
+    top_n most likely tokens of each row."""
+    chosen = raw.gather(1, tokens[:, None])
+    out.sampled_logprobs = chosen[:, 0].tolist()
+    out.sampled_ranks = ((raw > chosen).sum(dim=-1) + 1).tolist()
+    if top_n:
+        values, ids = raw.topk(top_n, dim=-1)
+        out.top_logprobs, out.top_token_ids = values.tolist(), ids.tolist()

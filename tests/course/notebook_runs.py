@@ -1,0 +1,54 @@
+"""How notebooks are executed for tests: nbval on a copy whose checked cells carry the expected
+outputs, which live in tests/course/notebook_outputs/ because notebooks are committed without outputs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+
+ROOT = Path(__file__).resolve().parents[2]
+OUTPUTS = ROOT / "tests" / "course" / "notebook_outputs"
+CHECK_MARK = "# NBVAL_CHECK_OUTPUT"
+NOTEBOOK_ENV = {"TQDM_DISABLE": "1", "HF_HUB_OFFLINE": "1", "MINILLM_MODEL": "tiny",
+                "MINILLM_DRAFT_MODEL": "tiny-draft", "PYDEVD_DISABLE_FILE_VALIDATION": "1"}
+
+
+def course_notebooks() -> list[Path]:
+    return sorted([*ROOT.glob("notebooks/*.ipynb"), *ROOT.glob("solutions/*.ipynb")])
+
+
+def expected_outputs_file(notebook: Path) -> Path:
+    return OUTPUTS / f"{notebook.parent.name}__{notebook.stem}.json"
+
+
+def checked_cells(nb) -> list:
+    return [c for c in nb.cells if c.cell_type == "code" and c.source.startswith(CHECK_MARK)]
+
+
+def with_expected_outputs(notebook: Path, dest: Path) -> Path:
+    """A copy of the notebook in dest whose checked cells hold their recorded outputs."""
+    nb = nbformat.read(notebook, as_version=4)
+    expected = json.loads(expected_outputs_file(notebook).read_text()) if checked_cells(nb) else {}
+    for cell in checked_cells(nb):
+        if cell.id not in expected:
+            raise KeyError(f"{notebook.name}: no recorded output for checked cell {cell.id!r}; "
+                           "run scripts/record_notebook_outputs.py")
+        cell.outputs = [nbformat.from_dict(o) for o in expected[cell.id]]
+        cell.execution_count = 1  # nbval compares only cells that were run, and refuses outputs without a count
+    path = dest / notebook.name
+    nbformat.write(nb, path)
+    return path
+
+
+def run_nbval(notebook: Path, timeout: int) -> subprocess.CompletedProcess:
+    """nbval in lax mode: every cell must run without error; only checked cells are compared."""
+    sanitize = Path(__file__).parent / "nbval_sanitize.cfg"
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--nbval-lax", "--nbval-current-env",
+           "--nbval-sanitize-with", str(sanitize), "--rootdir", str(notebook.parent), "-o", "addopts=", str(notebook)]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=notebook.parent,
+                          env={**os.environ, **NOTEBOOK_ENV})

@@ -1,0 +1,174 @@
+"""Exercise 04's checks: they pass the solution, name common mistakes in the admission step and in
+the learner's own policy (shortest prompt first, with aging), and the engine checks leave the
+scheduler's own admission step in place."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from minillm import LLM
+from minillm.engine.scheduler import Scheduler
+from minillm.grading import checks_scheduler as checks
+from minillm.grading.feedback import CheckFailed
+from minillm.grading.notebook import is_solution, read
+
+REPO = Path(__file__).resolve().parents[2]
+SOLUTION = REPO / "solutions" / "04_continuous_batching.ipynb"
+
+
+@pytest.fixture(scope="module")
+def solution() -> dict:
+    namespace: dict = {}
+    for cell in read(SOLUTION).cells:
+        if is_solution(cell) and cell.cell_type == "code":
+            exec(cell.source, namespace)
+    return namespace
+
+
+@pytest.fixture(scope="module")
+def admit(solution):
+    return solution["admit"]
+
+
+@pytest.fixture(scope="module")
+def policy(solution):
+    return solution["admit_shortest_first"]
+
+
+def admit_with(take_tokens=None, limit_slots=True, stop_at_head=True, spend=True, after_preemption=False):
+    """The solution's loop with one rule broken."""
+    def admit(scheduler, batch, budget):
+        for seq in list(scheduler.waiting):
+            if budget <= 0 or (limit_slots and len(scheduler.running) >= scheduler.max_num_seqs) or (
+                    batch.preempted and not after_preemption):
+                break
+            if not scheduler.allocate(seq):
+                if stop_at_head:
+                    break
+                continue
+            scheduler.waiting.remove(seq)
+            scheduler.running.append(seq)
+            n = take_tokens(seq) if take_tokens else scheduler.num_new_tokens(seq, budget)
+            batch.add(seq, n)
+            budget -= n if spend else 0
+    return admit
+
+
+def test_checks_pass_on_the_solution_and_on_the_rules_restated(admit, capsys):
+    checks.check_admit(admit)
+    checks.check_admit(admit_with())
+    assert capsys.readouterr().out.count("check_admit passed") == 2
+
+
+@pytest.mark.parametrize("wrong, message", [
+    (admit_with(take_tokens=lambda seq: seq.num_tokens - seq.num_computed_tokens), "more tokens than max_num_batched"),
+    (admit_with(spend=False), "more tokens than max_num_batched"),
+    (admit_with(limit_slots=False), "more than max_num_seqs"),
+    (admit_with(stop_at_head=False), "admitted ahead of its turn"),
+    (admit_with(after_preemption=True), "this step preempted a sequence, and then admitted"),
+    (lambda scheduler, batch, budget: None, "expected: .*(?s:.*)allocate"),
+], ids=["no-chunking", "budget-not-spent", "no-slot-limit", "overtakes-the-head", "admits-after-preemption",
+        "admits-nothing"])
+def test_checks_name_the_mistake(wrong, message):
+    with pytest.raises(CheckFailed, match=message):
+        checks.check_admit(wrong)
+
+
+@pytest.mark.slow
+def test_engine_check_passes_the_solution_fails_a_wrong_one_and_restores_the_scheduler(admit, capsys):
+    llm = LLM("tiny", dtype="float32", max_model_len=64, max_num_seqs=2, max_num_batched_tokens=16, num_kv_blocks=5)
+    scheduler = llm.llm_engine.scheduler
+    checks.check_engine(admit, llm)
+    assert "check_engine passed" in capsys.readouterr().out
+    with pytest.raises(CheckFailed, match="more than max_num_batched_tokens=16"):
+        checks.check_engine(admit_with(take_tokens=lambda seq: seq.num_tokens - seq.num_computed_tokens), llm)
+    assert scheduler.admit.__func__ is Scheduler.admit and not scheduler.has_unfinished_requests()
+    assert llm.llm_engine.block_manager.num_free_blocks == 5
+
+
+def policy_with(priority=lambda scheduler, seq: seq.num_tokens - 8 * scheduler.steps_waited(seq), spend=True,
+                sort_running=False, after_preemption=False, limit_slots=True):
+    """A shortest-first policy (smaller priority first) with one rule broken."""
+    def admit_shortest_first(scheduler, batch, budget):
+        while scheduler.waiting and budget > 0 and (after_preemption or not batch.preempted) and (
+                len(scheduler.running) < scheduler.max_num_seqs or not limit_slots):
+            seq = min(scheduler.waiting, key=lambda s: priority(scheduler, s))
+            if not scheduler.allocate(seq):
+                break
+            scheduler.waiting.remove(seq)
+            scheduler.running.append(seq)
+            n = scheduler.num_new_tokens(seq, budget) if spend else seq.num_tokens - seq.num_computed_tokens
+            budget -= batch.add(seq, n)
+        if sort_running:
+            scheduler.running.sort(key=lambda s: s.num_tokens)
+    return admit_shortest_first
+
+
+def mutates_the_queue_while_iterating(scheduler, batch, budget):
+    for seq in scheduler.waiting:
+        if budget <= 0 or batch.preempted or len(scheduler.running) >= scheduler.max_num_seqs:
+            break
+        if not scheduler.allocate(seq):
+            break
+        scheduler.waiting.remove(seq)
+        scheduler.running.append(seq)
+        budget -= batch.add(seq, scheduler.num_new_tokens(seq, budget))
+
+
+def test_policy_check_passes_the_solution_and_the_rules_restated(policy, capsys):
+    checks.check_policy(policy)
+    checks.check_policy(policy_with())
+    assert capsys.readouterr().out.count("check_policy passed") == 2
+
+
+@pytest.mark.parametrize("wrong, message", [
+    (policy_with(priority=lambda scheduler, seq: -seq.num_tokens), "longest prompts first"),
+    (policy_with(priority=lambda scheduler, seq: 0), "arrival order"),
+    (policy_with(priority=lambda scheduler, seq: seq.num_tokens), "waited 1000 steps must not lose"),
+    (policy_with(sort_running=True), "scheduler.running changed order"),
+    (mutates_the_queue_while_iterating, "deque mutated during iteration(?s:.*)walk through a copy"),
+    (policy_with(spend=False), "more than max_num_batched_tokens"),
+    (policy_with(after_preemption=True), "admitted in a step that preempted"),
+    (policy_with(limit_slots=False), "more than max_num_seqs"),
+], ids=["reversed-order", "first-come-first-served", "starves-long-prompts", "reorders-running",
+        "mutates-the-queue-while-iterating", "beyond-the-budget", "admits-after-preemption",
+        "no-slot-limit"])
+def test_policy_check_names_the_mistake(wrong, message):
+    with pytest.raises(CheckFailed, match=message):
+        checks.check_policy(wrong)
+
+
+@pytest.mark.slow
+def test_policy_engine_check_passes_the_solution_and_restores_the_scheduler(policy, capsys):
+    llm = LLM("tiny", dtype="float32", max_model_len=64, max_num_seqs=2, max_num_batched_tokens=16, num_kv_blocks=5)
+    checks.check_policy_engine(policy, llm)
+    assert "check_policy_engine passed" in capsys.readouterr().out
+    with pytest.raises(CheckFailed, match="sequences run, more than max_num_seqs=2"):
+        checks.check_policy_engine(policy_with(limit_slots=False), llm)
+    assert llm.llm_engine.scheduler.admit.__func__ is Scheduler.admit
+    assert llm.llm_engine.block_manager.num_free_blocks == 5
+
+
+@pytest.fixture(scope="module")
+def policy_llm():
+    return LLM("tiny", **checks.POLICY_ENGINE)
+
+
+@pytest.mark.slow
+def test_policy_ttft_check_passes_the_solution_on_the_virtual_clock(policy, policy_llm):
+    measured = checks.check_policy_ttft(policy, policy_llm)
+    fcfs, mine = measured["rows"].values()
+    assert mine["ttft_p50_ms"] <= checks.TTFT_GAIN * fcfs["ttft_p50_ms"]
+    assert mine["completed"] == mine["requests"] == len(measured["requests"])
+    assert "admit" not in vars(policy_llm.llm_engine.scheduler)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rate, message", [(2, "starves long prompts"), (64, "TTFT p50 is")],
+                         ids=["aging-too-slow", "aging-so-fast-it-is-first-come-first-served"])
+def test_policy_ttft_check_names_an_aging_rate_out_of_balance(rate, message, policy_llm):
+    aging = policy_with(priority=lambda scheduler, seq: seq.num_tokens - rate * scheduler.steps_waited(seq))
+    with pytest.raises(CheckFailed, match=message):
+        checks.check_policy_ttft(aging, policy_llm)

@@ -1,0 +1,247 @@
+"""Speculative decoding in the engine: greedy output token for token the plain engine's (draft model
+and n-gram, several k, both attention backends, prefix caching, preemption), sampled output
+distributed as the target's (chi-square against its exact next-token distribution), seeded
+requests batch-invariant, stops inside an accepted run, counters and trace, no leaked blocks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_rejection_sampler import resample_from_p  # the tempting wrong rule, written out there
+
+from minillm import LLM, SamplingParams
+from minillm.engine.trace import record
+from minillm.eval.heldout import eval_token_ids
+from minillm.grading.checks_spec_decode import second_token_p_value
+from minillm.models.loader import load_tokenizer, resolve_model_path
+from minillm.sample.rejection_sampler import stochastic_accept
+from minillm.spec_decode.acceptance import acceptance_stats
+
+DRAFT = {"model": "tiny-draft"}
+NGRAM = {"method": "ngram", "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+ENGINE = {"dtype": "float32", "max_model_len": 256}
+
+
+def spec(config: dict, k: int) -> dict:
+    return {**config, "num_speculative_tokens": k}
+
+
+@pytest.fixture(scope="module")
+def prompts() -> list[dict]:
+    """32 held-out prompts of 4 to 66 tokens, from different places in the held-out modules."""
+    ids = eval_token_ids(load_tokenizer(resolve_model_path("tiny")))
+    return [{"prompt_token_ids": ids[i * 997:i * 997 + 4 + 2 * i]} for i in range(32)]
+
+
+# Greedy, some requests stopping early on a token or at EOS, the rest at different lengths.
+PARAMS = [SamplingParams(temperature=0, max_tokens=8 + (i % 5) * 6, ignore_eos=i % 3 == 0,
+                         stop_token_ids=[13] if i % 4 == 1 else None) for i in range(32)]
+
+
+@pytest.fixture(scope="module")
+def plain(prompts) -> list[list[int]]:
+    outs = LLM("tiny", **ENGINE).generate(prompts, PARAMS, use_tqdm=False)
+    return [o.outputs[0].token_ids for o in outs]
+
+
+def metrics(llm: LLM) -> dict:
+    """get_metrics() as vLLM's spec_decode example reads it: short name -> value or values."""
+    out: dict = {}
+    for m in llm.get_metrics():
+        name = m.name.removeprefix("vllm:").removeprefix("spec_decode_num_")
+        out[name] = out.get(name, 0) + m.value if hasattr(m, "value") else getattr(m, "values", m)
+    return out
+
+
+def generate(llm: LLM, prompts, params=PARAMS) -> list[list[int]]:
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    blocks = llm.llm_engine.block_manager
+    assert blocks.num_free_blocks == blocks.num_blocks, "KV blocks leaked"
+    return [o.outputs[0].token_ids for o in outs]
+
+
+@pytest.mark.parametrize("k", [1, 4, 8])
+@pytest.mark.parametrize("method", [DRAFT, NGRAM], ids=["draft", "ngram"])
+def test_greedy_output_is_the_plain_engines(method, k, prompts, plain):
+    llm = LLM("tiny", speculative_config=spec(method, k), **ENGINE)
+    assert generate(llm, prompts) == plain
+    m = metrics(llm)
+    assert m["drafts"] > 0 and 0 < m["accepted_tokens"] < m["draft_tokens"]
+    # Prefix caching: the same prompts again hit the cache, and the draft still proposes well.
+    assert generate(llm, prompts) == plain
+
+
+@pytest.mark.parametrize("method", [DRAFT, NGRAM], ids=["draft", "ngram"])
+def test_triton_backend(method, prompts, plain):
+    pytest.importorskip("triton")
+    llm = LLM("tiny", speculative_config=spec(method, 4), attention_backend="triton", **ENGINE)
+    # Few prompts: the kernels run under Triton's interpreter on a CPU.
+    assert generate(llm, prompts[:4], PARAMS[:4]) == plain[:4]
+
+
+@pytest.mark.parametrize("method", [DRAFT, NGRAM], ids=["draft", "ngram"])
+def test_preemption_under_a_small_pool(method, prompts, plain):
+    llm = LLM("tiny", speculative_config=spec(method, 4), num_kv_blocks=16, **{**ENGINE, "max_model_len": 128})
+    with record(llm) as trace:
+        assert generate(llm, prompts) == plain
+    assert any(event.preempted for event in trace.events)
+
+
+def test_quantized_target_and_int8_cache_agree_with_their_plain_engine(prompts):
+    settings = {"quantization": "int8", "kv_cache_dtype": "int8", **ENGINE}
+    reference = generate(LLM("tiny", **settings), prompts[:8], PARAMS[:8])
+    assert generate(LLM("tiny", speculative_config=spec(DRAFT, 4), **settings), prompts[:8], PARAMS[:8]) == reference
+
+
+def test_stops_inside_an_accepted_run_cut_where_plain_decoding_does():
+    prompt = "def add(a, b):\n    return a + b\n\n\ndef add(a, b):\n"
+    params = [SamplingParams(temperature=0, max_tokens=n, stop=stop, logprobs=2)
+              for n in (1, 2, 3, 7, 40) for stop in (None, ["\n"], [" b"])]
+    outs = {}
+    for config in (None, spec(NGRAM, 8), spec(DRAFT, 8)):
+        outs[str(config)] = LLM("tiny", speculative_config=config, **ENGINE).generate([prompt] * len(params), params,
+                                                                                       use_tqdm=False)
+    reference, *others = outs.values()
+    for out in others:
+        for a, b in zip(reference, out):
+            a, b = a.outputs[0], b.outputs[0]
+            assert (b.token_ids, b.text, b.finish_reason, b.stop_reason) == (
+                a.token_ids, a.text, a.finish_reason, a.stop_reason)
+            # The target's logprobs, whether a token was drafted or the target's own.
+            assert [list(d) for d in b.logprobs] == [list(d) for d in a.logprobs]
+            for x, y in zip(a.logprobs, b.logprobs):
+                for t in x:
+                    assert y[t].logprob == pytest.approx(x[t].logprob, abs=1e-4)
+
+
+def test_counters_and_trace(prompts):
+    llm = LLM("tiny", speculative_config=spec(DRAFT, 4), **ENGINE)
+    with record(llm) as trace:
+        llm.generate(prompts[:6], SamplingParams(temperature=0, max_tokens=20, ignore_eos=True), use_tqdm=False)
+    m = metrics(llm)
+    verified = [s for e in trace.events for s in e.seqs if s.spec_token_ids]
+    assert trace.info.speculative_method == "draft_model" and trace.info.num_speculative_tokens == 4
+    assert m["drafts"] == len(verified)
+    assert m["draft_tokens"] == sum(len(s.spec_token_ids) for s in verified)
+    assert m["accepted_tokens"] == sum(s.num_accepted_tokens for s in verified)
+    assert m["accepted_tokens_per_pos"] == [sum(s.num_accepted_tokens > j for s in verified) for j in range(4)]
+    assert all(s.decode_tokens == len(s.spec_token_ids) + 1 and s.target_token_id is not None for s in verified)
+    # Acceptance falls with the position: a token is only judged when all before it were kept.
+    assert m["accepted_tokens_per_pos"] == sorted(m["accepted_tokens_per_pos"], reverse=True)
+    assert m["generation_tokens"] == 6 * 20 and m["request_success"] == 6
+
+
+def test_seeded_requests_give_the_same_tokens_alone_and_in_a_batch(prompts):
+    """Alone, and admitted while other requests (seeded or not, greedy or sampled) are speculating."""
+    llm = LLM("tiny", speculative_config=spec(DRAFT, 4), **ENGINE)
+    seeded = SamplingParams(temperature=0.8, top_p=0.95, seed=7, max_tokens=24, ignore_eos=True)
+    alone = generate(llm, prompts[3:4], [seeded])
+    engine = llm.llm_engine
+    for i in range(6):
+        engine.add_request(f"other-{i}", prompts[i], SamplingParams(temperature=i / 5, seed=i if i % 2 else None,
+                                                                      max_tokens=40, ignore_eos=True))
+    for _ in range(3):
+        engine.step()
+    engine.add_request("seeded", prompts[3], seeded)
+    finished = {}
+    while engine.has_unfinished_requests():
+        finished.update((out.request_id, out) for out in engine.step() if out.finished)
+    assert finished["seeded"].outputs[0].token_ids == alone[0]
+
+
+# Three tokens: the step after the first verifies a draft for the second (a step never verifies
+# drafts past max_tokens).
+SAMPLED = [SamplingParams(temperature=1.0, max_tokens=3, ignore_eos=True),
+           SamplingParams(temperature=1.0, top_p=0.8, max_tokens=3, ignore_eos=True)]
+
+
+def wrong_accept_always(p, q, drafts, num, u, noise):
+    return stochastic_accept(p, q, drafts, num, torch.full_like(u, -1.0), noise)
+
+
+@pytest.fixture(scope="module")
+def random_draft(tmp_path_factory) -> str:
+    """A draft of tiny's vocabulary with random weights: its q is far from the target's p, so most
+    drafts are rejected and the residual draws most tokens (no tokenizer files: only the
+    vocabulary size is checked)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    # Wide weights: each q is peaked, on tokens of its own choosing.
+    config = LlamaConfig(vocab_size=4096, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256,
+                         initializer_range=0.5)
+    path = tmp_path_factory.mktemp("random-draft")
+    LlamaForCausalLM(config).save_pretrained(path)
+    return str(path)
+
+
+@pytest.mark.parametrize(("draft", "params", "rule"), [
+    ("random", SAMPLED[0], None), ("random", SAMPLED[1], None), ("tiny-draft", SAMPLED[0], None),
+    # Drawing from p after a rejection is biased by what the draft gets right: a draft close to the
+    # target shows it, a random one (rejected almost always) does not.
+    ("tiny-draft", SAMPLED[0], resample_from_p), ("random", SAMPLED[0], wrong_accept_always)],
+    ids=["temperature-1", "top-p", "shipped-draft", "resample-from-p", "accept-always"])
+def test_sampling_is_lossless(draft, params, rule, random_draft):
+    """2000 seeded requests; the second tokens after each common first token, against the target's
+    exact distribution there. The engine passes; broken rules plugged into it fail."""
+    llm = LLM("tiny", speculative_config={"model": random_draft if draft == "random" else draft,
+                                          "num_speculative_tokens": 2}, max_num_seqs=256, **ENGINE)
+    if rule is not None:
+        llm.llm_engine.model_runner.rejection_sampler.stochastic_accept = rule
+    prompt = llm.get_tokenizer()("def fibonacci(n):\n")["input_ids"]
+    p = second_token_p_value(llm, prompt, params, 2000)
+    assert (p > 1e-3) if rule is None else (p < 1e-4), p
+
+
+@pytest.mark.parametrize(("config", "match"), [
+    ({"model": "tiny-draft"}, r"\['num_speculative_tokens'\] is required"),
+    ({"model": "tiny-draft", "num_speculative_tokens": 0},
+     r"\['num_speculative_tokens'\] must be an integer in \[1, 16\]"),
+    ({"model": "tiny-draft", "num_speculative_tokens": 1000}, r"\['num_speculative_tokens'\] must be an integer in"),
+    ({"method": "medusa", "num_speculative_tokens": 2}, r"\['method'\] must be one of \('draft_model', 'ngram'\)"),
+    ({"num_speculative_tokens": 2}, r"\['method'\] must be one of"),
+    ({"method": "ngram", "num_speculative_tokens": 2, "model": "tiny-draft"}, r"\['model'\] must be None"),
+    ({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 5}, r"\['prompt_lookup_min'\]"),
+    ({"model": "no/such-draft", "num_speculative_tokens": 2}, r"\['model'\]='no/such-draft' could not be loaded"),
+    ({"model": "tiny-draft", "num_speculative_tokens": 2, "k": 3}, r"unknown key\(s\) \['k'\]"),
+    ("tiny-draft", "speculative_config must be a dict or None"),
+])
+def test_bad_configurations_are_refused_by_name(config, match):
+    with pytest.raises(ValueError, match=match):
+        LLM("tiny", speculative_config=config)
+
+
+def test_a_draft_of_another_vocabulary_is_refused(hf_checkpoint):
+    _, path = hf_checkpoint("llama_gqa_tied")  # 512 tokens; tiny has 4096
+    with pytest.raises(ValueError, match=r"\['model'\]=.* has a vocabulary of 512 tokens, the target 4096"):
+        LLM("tiny", speculative_config={"model": str(path), "num_speculative_tokens": 2})
+
+
+def test_speculation_needs_the_paged_cache():
+    with pytest.raises(ValueError, match="speculative_config needs kv_cache='paged'"):
+        LLM("tiny", kv_cache="contiguous", speculative_config=spec(NGRAM, 2))
+
+
+def test_plain_engine_metrics(prompts):
+    llm = LLM("tiny", **ENGINE)
+    llm.generate(prompts[:3], SamplingParams(temperature=0, max_tokens=5, ignore_eos=True), use_tqdm=False)
+    m = metrics(llm)
+    assert m["generation_tokens"] == 15 and m["request_success"] == 3 and m["num_requests_running"] == 0
+    assert m["prompt_tokens"] == sum(len(p["prompt_token_ids"]) for p in prompts[:3])
+    assert "drafts" not in m  # no speculative counters without speculation
+    ttft = next(x for x in llm.get_metrics() if x.name == "vllm:time_to_first_token_seconds")
+    assert ttft.count == 3 and ttft.buckets["+Inf"] == 3
+
+
+def test_tokens_per_target_call_of_the_shipped_pair_match_the_formula(prompts):
+    """tiny / tiny-draft, k = 4, greedy: at least 2.3 tokens per target call, within 10% of
+    (1 - alpha^5) / (1 - alpha) at the alpha the run measured."""
+    llm = LLM("tiny", speculative_config=spec(DRAFT, 4), **ENGINE)
+    with record(llm) as trace:
+        llm.generate(prompts[:16], SamplingParams(temperature=0, max_tokens=64, ignore_eos=True), use_tqdm=False)
+    stats = acceptance_stats(trace)
+    measured, expected = stats["tokens_per_target_call"], stats["expected_tokens_per_target_call"]
+    assert measured >= 2.3 and abs(measured / expected - 1) < 0.1, stats
+    # vLLM's accepted / proposed counts positions after a rejection as failures: lower than alpha.
+    assert stats["acceptance_rate"] < stats["alpha"]

@@ -1,0 +1,82 @@
+"""On a CUDA GPU: parity with transformers in bfloat16, and CUDA-graph decode against eager steps.
+Skipped where there is no GPU (CI has none); run it on one with `pytest tests/kernels/test_gpu.py`, or with
+every other GPU test and benchmark through scripts/gpu_check.sh."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import HF_CONFIGS, make_hf_model
+
+from minillm import LLM, SamplingParams
+from minillm.engine.model_runner import sequence_logits
+from minillm.utils.device import cuda_bf16_native
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@pytest.mark.skipif(torch.cuda.is_available() and not cuda_bf16_native(), reason="no native bfloat16 below cc 8.0")
+@pytest.mark.parametrize("kind", HF_CONFIGS)
+def test_bf16_parity_on_cuda(kind, tmp_path):
+    hf = make_hf_model(kind)
+    hf.save_pretrained(tmp_path)
+    hf = hf.to("cuda", torch.bfloat16)
+    llm = LLM(str(tmp_path), skip_tokenizer_init=True, device="cuda", dtype="bfloat16")
+    prompts = [torch.randint(0, 512, (n,), generator=torch.Generator().manual_seed(n)).tolist() for n in (1, 33, 100)]
+    logits = sequence_logits(llm.llm_engine.model, prompts)
+    for p, ours in zip(prompts, logits):
+        ref = hf(torch.tensor([p], device="cuda")).logits[0].float()
+        scale = ref.abs().max()
+        # bf16 keeps 8 bits of mantissa: two implementations agree to a few units of 2^-8 of the scale.
+        assert (ours - ref).abs().max() <= 0.04 * scale, f"{kind}: {((ours - ref).abs().max() / scale):.3f}"
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    for p, out in zip(prompts, llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)):
+        ids = torch.tensor([p], device="cuda")
+        ref = hf.generate(ids, do_sample=False, max_new_tokens=16, min_new_tokens=16, output_logits=True,
+                          return_dict_in_generate=True)
+        expected = ref.sequences[0, len(p):].tolist()
+        ours = out.outputs[0].token_ids
+        # Token for token, except that after a near-tie (top two within bf16 noise) the two may
+        # legitimately take different branches.
+        for i, (a, b) in enumerate(zip(ours, expected)):
+            if a != b:
+                top2 = ref.logits[i][0].float().topk(2).values
+                assert top2[0] - top2[1] <= 0.04 * top2[0].abs(), f"{kind}: diverged at token {i} without a near-tie"
+                break
+
+
+class CountingGraph:
+    def __init__(self, graph):
+        self.graph, self.replays = graph, 0
+
+    def replay(self):
+        self.replays += 1
+        self.graph.replay()
+
+
+@pytest.mark.parametrize("quantization", [None, "int4"])
+def test_cuda_graph_decode_matches_eager(hf_checkpoint, quantization):
+    """Replayed graphs against eager launches, float32: the same greedy tokens, logprobs within
+    rounding (the graph's attention splits the context into partitions for max_model_len, not for
+    the batch's longest sequence, so sums are ordered differently)."""
+    _, path = hf_checkpoint("llama_gqa_tied")
+    prompts = [{"prompt_token_ids": list(range(1 + i, 9 + 7 * i))} for i in range(6)]
+    params = [SamplingParams(temperature=0, max_tokens=4 + 5 * i, ignore_eos=True, logprobs=1) for i in range(6)]
+    args = dict(skip_tokenizer_init=True, dtype="float32", device="cuda", max_num_seqs=8, quantization=quantization,
+                quant_group_size=32)
+    graphed = LLM(str(path), **args)
+    graphs = graphed.llm_engine.model_runner.decode_graphs
+    assert sorted(graphs.graphs) == [1, 2, 4, 8] and graphs.capture_seconds > 0
+    graphs.graphs = {size: CountingGraph(g) for size, g in graphs.graphs.items()}
+    eager = LLM(str(path), enforce_eager=True, **args)
+    assert eager.llm_engine.model_runner.decode_graphs is None
+
+    def run(llm):
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        return [(o.outputs[0].token_ids, [e[t].logprob for e, t in zip(o.outputs[0].logprobs, o.outputs[0].token_ids)])
+                for o in outs]
+
+    for (tokens, logprobs), (ref_tokens, ref_logprobs) in zip(run(graphed), run(eager)):
+        assert tokens == ref_tokens
+        assert logprobs == pytest.approx(ref_logprobs, abs=1e-3)
+    assert sum(g.replays for g in graphs.graphs.values()) >= 20

@@ -1,0 +1,237 @@
+"""The quantized matmul kernels (minillm.kernels.quant_matmul) against their references
+(minillm.quant.reference), on random signed inputs: every row count on both paths, shapes whose
+output width is off the block sizes, every int4 group size, with and without bias. Without a GPU
+they run in Triton's CPU interpreter (conftest sets TRITON_INTERPRET=1): fp32 and fp16, no bf16."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+pytest.importorskip("triton")
+
+from minillm.kernels.quant_matmul import GEMV_MAX_ROWS, int4_matmul, int8_matmul, pick_path  # noqa: E402
+from minillm.layers.quant_linear import QuantLinear, quantize_model  # noqa: E402
+from minillm.quant.int4 import dequantize_int4, quantize_int4  # noqa: E402
+from minillm.quant.int8 import dequantize_int8, quantize_int8  # noqa: E402
+from minillm.quant.reference import int4_matmul_ref, int8_matmul_ref  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if DEVICE == "cuda" else [])
+TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}  # relative, against fp32
+ROWS = (1, 3, GEMV_MAX_ROWS, GEMV_MAX_ROWS + 1)
+# (in_features K, out_features N): no N is a multiple of the 64 (gemv) or 128 (gemm) channel blocks,
+# and 200 spans several blocks of both; K = 96 is not a multiple of the gemm's 64-input tiles.
+SHAPES = ((64, 48), (96, 40), (128, 96), (256, 40), (256, 200))
+GROUP_SIZES = (32, 64, 128)
+KERNELS = {"int8": (int8_matmul, int8_matmul_ref), "int4": (int4_matmul, int4_matmul_ref)}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def generator(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def random_weight(k: int, n: int, seed: int) -> torch.Tensor:
+    """Rows of different magnitudes, groups off centre: every scale and zero point differs."""
+    g = generator(seed)
+    rows = torch.randn(n, k, generator=g) * torch.rand(n, 1, generator=g) * 2
+    offsets = torch.randn(n, k // 32, 1, generator=g).expand(-1, -1, 32).reshape(n, k)
+    return rows + offsets
+
+
+def quantized(method: str, k: int, n: int, dtype: torch.dtype, group_size: int = 0, seed: int = 0) -> tuple:
+    """The weight arguments of the method's kernel, in the model dtype (as QuantLinear holds them)."""
+    w = random_weight(k, n, seed).to(dtype)
+    return quantize_int8(w) if method == "int8" else (*quantize_int4(w, group_size), group_size)
+
+
+def as_fp32(args: tuple) -> tuple:
+    return tuple(a.float() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args)
+
+
+def to_device(args: tuple) -> tuple:
+    return tuple(a.to(DEVICE) if isinstance(a, torch.Tensor) else a for a in args)
+
+
+def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((out.float() - ref.float()).norm() / ref.float().norm()).item()
+
+
+def check_every_row_count_on_both_paths(method: str, weight_args: tuple, k: int, n: int, dtype: torch.dtype,
+                                        seed: int) -> None:
+    kernel, reference = KERNELS[method]
+    weight_args = to_device(weight_args)
+    bias = torch.randn(n, generator=generator(seed + 1)).to(dtype).to(DEVICE)
+    for i, rows in enumerate(ROWS):
+        x = torch.randn(rows, k, generator=generator(seed + 2 + rows)).to(dtype).to(DEVICE)
+        # gemv with one input slice and with several, gemm; each with and without bias by turns.
+        for j, (path, split_k) in enumerate((("gemv", 1), ("gemv", 3), ("gemm", None))):
+            b = bias if (i + j) % 2 else None
+            out = kernel(x, *weight_args, b, path=path, split_k=split_k)
+            ref = reference(x.float(), *as_fp32(weight_args), None if b is None else b.float())
+            assert out.dtype == dtype and out.shape == (rows, n)
+            err = relative_error(out, ref)
+            assert err < TOLERANCE[dtype], (rows, path, b is not None, split_k, err)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_name)
+@pytest.mark.parametrize("k,n", SHAPES)
+def test_int8_matches_reference(k, n, dtype):
+    check_every_row_count_on_both_paths("int8", quantized("int8", k, n, dtype, seed=k + n), k, n, dtype, seed=k)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_name)
+@pytest.mark.parametrize("k,n,group_size", [(k, n, g) for k, n in SHAPES for g in GROUP_SIZES if k % g == 0])
+def test_int4_matches_reference(k, n, group_size, dtype):
+    args = quantized("int4", k, n, dtype, group_size, seed=k + n + group_size)
+    check_every_row_count_on_both_paths("int4", args, k, n, dtype, seed=k + group_size)
+
+
+@pytest.mark.parametrize("method", ["int8", "int4"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_name)
+def test_unpacking_and_dequantization_in_the_kernel_are_exact(method, dtype):
+    """x = identity gives y = W.T with one product per output: any difference from the reference's
+    dequantized weight (a swapped nibble, a wrong group's scale or zero point) shows, rounding
+    cannot hide it. Single one-hot rows check the gemv path's one-row case the same way."""
+    k, n, group_size = 128, 80, 32
+    weight_args = to_device(quantized(method, k, n, dtype, group_size))
+    dequantized = dequantize_int8(*weight_args) if method == "int8" else dequantize_int4(*weight_args)
+    kernel = KERNELS[method][0]
+    identity = torch.eye(k, dtype=dtype, device=DEVICE)
+    for path in ("gemv", "gemm"):
+        assert torch.equal(kernel(identity, *weight_args, path=path).T, dequantized), path
+    for i in (0, 1, 31, 32, k - 1):  # both nibbles of a byte, both sides of a group boundary, the last input
+        assert torch.equal(kernel(identity[i], *weight_args, path="gemv"), dequantized[:, i]), i
+
+
+def test_auto_path_follows_the_row_count_and_leading_dims_are_kept():
+    assert [pick_path(rows) for rows in ROWS] == ["gemv", "gemv", "gemv", "gemm"]
+    k, n = 128, 96
+    weight_args = to_device(quantized("int4", k, n, torch.float32, 64))
+    x = torch.randn(2, 10, k, generator=generator(3)).to(DEVICE)  # 20 rows: gemm
+    out = int4_matmul(x, *weight_args)
+    assert out.shape == (2, 10, n) and torch.equal(out, int4_matmul(x.view(20, k), *weight_args, path="gemm")
+                                                   .view(2, 10, n))
+    assert torch.equal(int4_matmul(x[0, :3], *weight_args), int4_matmul(x[0, :3], *weight_args, path="gemv"))
+    one = int4_matmul(x[0, 0], *weight_args)
+    assert one.shape == (n,) and torch.equal(one, int4_matmul(x[0, :1], *weight_args)[0])
+    # Rows with a stride other than K (a slice of columns) give the same as a contiguous copy.
+    wide = torch.randn(5, 2 * k, generator=generator(4)).to(DEVICE)
+    assert torch.equal(int4_matmul(wide[:, :k], *weight_args), int4_matmul(wide[:, :k].contiguous(), *weight_args))
+
+
+def test_gemm_with_several_row_blocks():
+    k, n, rows = 128, 200, 150  # 3 blocks of 64 rows, 2 of 128 channels
+    weight_args = to_device(quantized("int8", k, n, torch.float32))
+    x = torch.randn(rows, k, generator=generator(5)).to(DEVICE)
+    assert relative_error(int8_matmul(x, *weight_args), int8_matmul_ref(x, *weight_args)) < TOLERANCE[torch.float32]
+
+
+@pytest.fixture
+def kernel_calls(monkeypatch) -> list:
+    """Every call that reaches the Triton launcher (int8_matmul and int4_matmul both go through it)."""
+    from minillm.kernels import quant_matmul
+
+    calls, launch = [], quant_matmul._quant_matmul
+
+    def counted(*args, **kwargs):
+        calls.append(args[0].shape)
+        return launch(*args, **kwargs)
+
+    monkeypatch.setattr(quant_matmul, "_quant_matmul", counted)
+    return calls
+
+
+def test_quant_linear_runs_the_kernel_it_is_given(kernel_calls):
+    torch.manual_seed(0)
+    model = nn.Module()
+    model.layers = nn.ModuleList([nn.Linear(128, 96), nn.Linear(96, 64, bias=False)]).to(DEVICE)
+    x = torch.randn(3, 128, device=DEVICE)
+    with torch.no_grad():
+        expected = model.layers[1](model.layers[0](x))
+        for method, limit in (("int8", 0.02), ("int4", 0.2)):
+            layers = [QuantLinear(layer, method, 32) for layer in model.layers]
+            torch_out = layers[1](layers[0](x))
+            assert not kernel_calls
+            for layer in layers:
+                layer.kernel = "triton"
+            triton_out = layers[1](layers[0](x))
+            assert len(kernel_calls) == 2
+            kernel_calls.clear()
+            assert relative_error(triton_out, torch_out) < 1e-5
+            assert relative_error(torch_out, expected) < limit, method
+
+
+def test_quantize_model_sets_the_kernel_and_names_a_bad_one(kernel_calls):
+    model = nn.Module()
+    model.layers = nn.ModuleList([nn.Linear(64, 48)]).to(DEVICE)
+    quantize_model(model, "int4", 32, kernel="triton")
+    assert isinstance(model.layers[0], QuantLinear) and model.layers[0].kernel == "triton"
+    x = torch.randn(2, 64, device=DEVICE)
+    assert relative_error(model.layers[0](x), int4_matmul_ref(
+        x, model.layers[0].qweight, model.layers[0].scales, model.layers[0].zeros, 32, model.layers[0].bias)) < 1e-5
+    assert len(kernel_calls) == 1
+    with pytest.raises(ValueError, match=r"kernel must be one of \('torch', 'triton'\), got 'cuda'"):
+        quantize_model(nn.Module(), "int8", kernel="cuda")
+
+
+def bad_calls():
+    k, n = 64, 48
+    q8, s8 = quantized("int8", k, n, torch.float32)
+    packed, s4, z4, _ = quantized("int4", k, n, torch.float32, 32)
+    x = torch.randn(2, k)
+    calls = [
+        (lambda: int8_matmul(x, q8.t().contiguous().t(), s8), ValueError, r"contiguous int8 \[out, in\].*not contig"),
+        (lambda: int8_matmul(x, q8.float(), s8), ValueError, r"contiguous int8 \[out, in\] tensor, got torch\.float32"),
+        (lambda: int8_matmul(x, q8, s8[:, None]), ValueError, r"one per output row, \[48\]"),
+        (lambda: int8_matmul(x[:, :32], q8, s8), ValueError, r"input features, got shape \(2, 32\)"),
+        (lambda: int8_matmul(x.half(), q8, s8), TypeError, r"scales must be in x's dtype torch\.float16"),
+        (lambda: int8_matmul(x.long(), q8, s8), TypeError, r"x must be one of"),
+        (lambda: int8_matmul(x, q8, s8, torch.zeros(n + 1)), ValueError, r"bias must be a contiguous \[48\]"),
+        (lambda: int8_matmul(x, q8, s8, torch.zeros(n, 2)[:, 0]), ValueError, r"with stride \(2,\)"),
+        (lambda: int8_matmul(x, q8, s8, path="gemm2"), ValueError, r"path must be one of"),
+        (lambda: int8_matmul(x, q8, s8, split_k=0), ValueError, r"split_k must be at least 1"),
+        (lambda: int4_matmul(x, packed.view(torch.int8), s4, z4, 32), ValueError, r"uint8 \[out, in // 2\]"),
+        (lambda: int4_matmul(x, unpacked_by_mistake(packed), s4, z4, 32), ValueError,
+         r"end in the weight's 128 input features"),
+        (lambda: int4_matmul(x, packed, s4, z4, 24), ValueError, r"power of two of at least 16, got 24"),
+        (lambda: int4_matmul(torch.randn(2, 32), packed[:, :16].contiguous(), s4, z4, 64), ValueError,
+         r"in_features 32 is not a multiple of group_size 64"),
+        (lambda: int4_matmul(x, packed, s4.t(), z4, 32), ValueError, r"int4 scales must be \[out, in // group_size\]"),
+        (lambda: int4_matmul(x, packed, s4, z4[:, :1], 32), ValueError, r"int4 zeros must be .* got \(48, 1\)"),
+    ]
+    return [pytest.param(call, error, message, id=message) for call, error, message in calls]
+
+
+def unpacked_by_mistake(packed: torch.Tensor) -> torch.Tensor:
+    """One int4 value per byte, the width of an int8 weight: the packed width no longer matches x."""
+    return torch.cat([packed & 0xF, packed >> 4], dim=1)
+
+
+@pytest.mark.parametrize("call,error,message", bad_calls())
+def test_wrong_layouts_and_arguments_are_named(call, error, message):
+    with pytest.raises(error, match=message):
+        call()
+
+
+@pytest.mark.parametrize("method", ["int8", "int4"])
+def test_engine_on_the_triton_kernels_generates_what_the_references_do(hf_checkpoint, method, kernel_calls):
+    # Every quantized matmul of a model (and its attention) on Triton, against the PyTorch path.
+    from minillm import LLM, SamplingParams
+
+    _, path = hf_checkpoint("llama_gqa_tied")
+    params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    prompts = [{"prompt_token_ids": [1, 5, 9, 2, 7]}, {"prompt_token_ids": [3, 3, 8]}]
+    outputs = {}
+    for backend in ("torch", "triton"):
+        llm = LLM(str(path), skip_tokenizer_init=True, quantization=method, quant_group_size=32,
+                  attention_backend=backend, device=DEVICE)
+        assert {m.kernel for m in llm.llm_engine.model.modules() if isinstance(m, QuantLinear)} == {backend}
+        outputs[backend] = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+        assert bool(kernel_calls) == (backend == "triton")
+    assert outputs["triton"] == outputs["torch"]

@@ -1,0 +1,262 @@
+"""`minillm serve`: a real server on 127.0.0.1 with `tiny`, called with the official openai client,
+sync and async; its outputs are checked against `LLM.generate` and its cache against leaks."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+import openai
+import pytest
+
+from minillm import LLM, SamplingParams
+from minillm.entrypoints.background import BackgroundServer
+from minillm.eval.heldout import eval_token_ids
+from minillm.models.loader import load_tokenizer, resolve_model_path
+
+# A small running set, so that a burst of requests also leaves some waiting.
+ENGINE = {"dtype": "float32", "max_model_len": 256, "max_num_seqs": 16}
+
+
+@pytest.fixture(scope="module")
+def server():
+    with BackgroundServer("tiny", **ENGINE) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def client(server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.base_url, api_key="none", max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def reference() -> LLM:
+    return LLM("tiny", **ENGINE)
+
+
+def greedy(reference: LLM, prompts: list, max_tokens: list[int]) -> list[str]:
+    params = [SamplingParams(temperature=0, max_tokens=m) for m in max_tokens]
+    return [o.outputs[0].text for o in reference.generate(prompts, params, use_tqdm=False)]
+
+
+def gauges(server: BackgroundServer) -> dict[str, float]:
+    """The engine's gauges, read as Prometheus scrapes them."""
+    text = httpx.get(server.url + "/metrics", timeout=10).text
+    return {line.split("{")[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+            if line.startswith(("vllm:num_requests", "vllm:kv_cache_usage_perc"))}
+
+
+def wait_idle(server: BackgroundServer, seconds: float = 20) -> dict[str, float]:
+    deadline = time.time() + seconds
+    while (g := gauges(server)) and any(g.values()) and time.time() < deadline:
+        time.sleep(0.1)
+    return g
+
+
+def test_completion_streamed_equals_whole(client, reference):
+    prompt = "def fibonacci(n):"
+    whole = client.completions.create(model="tiny", prompt=prompt, max_tokens=24, temperature=0)
+    chunks = list(client.completions.create(model="tiny", prompt=prompt, max_tokens=24, temperature=0, stream=True,
+                                            stream_options={"include_usage": True}))
+    text = whole.choices[0].text
+    assert text == greedy(reference, [prompt], [24])[0]
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == text
+    reasons = [c.choices[0].finish_reason for c in chunks if c.choices]
+    assert reasons[-1] == whole.choices[0].finish_reason == "length" and not any(reasons[:-1])
+    assert chunks[-1].choices == [] and chunks[-1].usage == whole.usage
+    usage = whole.usage
+    assert usage.completion_tokens == 24 and usage.total_tokens == usage.prompt_tokens + 24
+    assert usage.prompt_tokens == len(reference.get_tokenizer()(prompt)["input_ids"])
+
+
+def test_stop_string_ends_with_finish_reason_stop(client, reference):
+    text = greedy(reference, ["import os\n"], [32])[0]
+    stop = text[len(text) // 2:len(text) // 2 + 3]
+    assert stop.strip(), "the greedy text must have something to stop at"
+    out = client.completions.create(model="tiny", prompt="import os\n", max_tokens=32, temperature=0, stop=[stop])
+    assert out.choices[0].finish_reason == "stop" and out.choices[0].text == text[:text.index(stop)]
+    streamed = list(client.completions.create(model="tiny", prompt="import os\n", max_tokens=32, temperature=0,
+                                              stop=[stop], stream=True))
+    assert "".join(c.choices[0].text for c in streamed) == out.choices[0].text
+    assert streamed[-1].choices[0].finish_reason == "stop"
+
+
+def test_chat_streamed_equals_whole(client, reference):
+    messages = [{"role": "system", "content": "You write Python."}, {"role": "user", "content": "A sort."}]
+    whole = client.chat.completions.create(model="tiny", messages=messages, max_tokens=20, temperature=0)
+    chunks = list(client.chat.completions.create(model="tiny", messages=messages, max_tokens=20, temperature=0,
+                                                 stream=True))
+    tokenizer = reference.get_tokenizer()
+    prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    assert whole.choices[0].message.content == greedy(reference, [{"prompt_token_ids": ids}], [20])[0]
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == whole.choices[0].message.content
+    reasons = [c.choices[0].finish_reason for c in chunks]
+    assert reasons[-1] == whole.choices[0].finish_reason == "length" and not any(reasons[:-1])
+    assert whole.usage.prompt_tokens == len(ids)
+
+
+def test_n_choices_are_told_apart_and_seeded_sampling_repeats(client):
+    args = dict(model="tiny", prompt="class Stack:", max_tokens=12, temperature=1.0, n=3, seed=7)
+    whole = client.completions.create(**args)
+    again = client.completions.create(**args)
+    texts = [c.text for c in sorted(whole.choices, key=lambda c: c.index)]
+    assert texts == [c.text for c in sorted(again.choices, key=lambda c: c.index)]
+    assert len(set(texts)) > 1, "each choice samples with its own seed"
+    streamed = {0: "", 1: "", 2: ""}
+    for chunk in client.completions.create(**args, stream=True):
+        streamed[chunk.choices[0].index] += chunk.choices[0].text
+    assert [streamed[i] for i in range(3)] == texts
+    assert whole.usage.completion_tokens == 36
+
+
+def test_logprobs_are_the_engines(client, reference):
+    out = client.completions.create(model="tiny", prompt="while True:", max_tokens=4, temperature=0, logprobs=2)
+    mine = reference.generate(["while True:"], SamplingParams(temperature=0, max_tokens=4, logprobs=2),
+                              use_tqdm=False)[0].outputs[0]
+    expected = [entry[token].logprob for entry, token in zip(mine.logprobs, mine.token_ids)]
+    assert out.choices[0].logprobs.token_logprobs == pytest.approx(expected, abs=1e-4)
+    assert all(len(top) >= 2 for top in out.choices[0].logprobs.top_logprobs)
+
+
+def test_64_concurrent_streams_then_100_cancelled(server, reference):
+    tokenizer = load_tokenizer(resolve_model_path("tiny"))
+    ids = eval_token_ids(tokenizer)
+    prompts = [ids[i * 503:i * 503 + 4 + (i * 7) % 60] for i in range(64)]
+    lengths = [4 + (i * 5) % 40 for i in range(64)]
+    expected = greedy(reference, [{"prompt_token_ids": p} for p in prompts], lengths)
+
+    async def stream(client: openai.AsyncOpenAI, prompt: list[int], max_tokens: int, **extra) -> str:
+        chunks = await client.completions.create(model="tiny", prompt=prompt, max_tokens=max_tokens, temperature=0,
+                                                 stream=True, **extra)
+        return "".join([c.choices[0].text async for c in chunks])
+
+    async def cancelled(client: openai.AsyncOpenAI, i: int) -> None:
+        # Half stream, half wait for the whole answer: both give up after 0.5 s and hang up.
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.5):
+                if i % 2:
+                    await client.completions.create(model="tiny", prompt=prompts[i % 64], max_tokens=200,
+                                                    temperature=0, extra_body={"ignore_eos": True})
+                else:
+                    await stream(client, prompts[i % 64], 200, extra_body={"ignore_eos": True})
+
+    async def main() -> list[str]:
+        async with openai.AsyncOpenAI(base_url=server.base_url, api_key="none", max_retries=0) as client:
+            outs = await asyncio.gather(*(stream(client, p, m) for p, m in zip(prompts, lengths)))
+            await asyncio.gather(*(cancelled(client, i) for i in range(100)))
+        return outs
+
+    assert asyncio.run(main()) == expected
+    start = time.time()
+    assert httpx.get(server.url + "/health", timeout=5).status_code == 200
+    assert time.time() - start < 2
+    assert wait_idle(server) == {"vllm:num_requests_running": 0, "vllm:num_requests_waiting": 0,
+                                 "vllm:kv_cache_usage_perc": 0}
+    blocks = server.engine.llm_engine.block_manager
+    assert blocks.num_free_blocks == blocks.num_blocks
+    after = openai.OpenAI(base_url=server.base_url, api_key="none").completions.create(
+        model="tiny", prompt=prompts[3], max_tokens=lengths[3], temperature=0)
+    assert after.choices[0].text == expected[3]
+
+
+@pytest.mark.parametrize("body, status, words", [
+    ({"prompt": "x", "temperature": -1}, 400, "temperature"),
+    ({"prompt": "x", "top_p": 2}, 400, "top_p"),
+    ({"prompt": "x", "max_tokens": 0}, 400, "max_tokens"),
+    ({"prompt": "x", "n": 10_000}, 400, "128"),
+    ({"prompt": "x", "presence_penalty": 0.5}, 400, "presence_penalty"),
+    ({"prompt": [], "max_tokens": 2}, 400, "prompt"),
+    ({"prompt": [10**9]}, 400, "prompt_token_ids"),
+    ({"prompt": list(range(300))}, 400, "max_model_len"),
+    ({"prompt": "x", "model": "gpt-4"}, 404, "gpt-4"),
+    ({"temperature": 0}, 400, "prompt"),
+])
+def test_bad_requests_get_an_openai_error_and_the_server_keeps_serving(server, body, status, words):
+    reply = httpx.post(server.base_url + "/completions", json={"model": "tiny", **body}, timeout=10)
+    assert reply.status_code == status
+    error = reply.json()["error"]
+    assert words in error["message"] and error["code"] == status and error["type"]
+    ok = httpx.post(server.base_url + "/completions", json={"prompt": "x", "max_tokens": 2}, timeout=10)
+    assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 2
+
+
+def test_malformed_json_and_chat_errors(server, client):
+    reply = httpx.post(server.base_url + "/completions", content=b'{"prompt": ', timeout=10,
+                       headers={"content-type": "application/json"})
+    assert reply.status_code == 400 and "JSON" in reply.json()["error"]["message"]
+    with pytest.raises(openai.BadRequestError, match="messages"):
+        client.chat.completions.create(model="tiny", messages=[])
+    with pytest.raises(openai.BadRequestError, match="role"):
+        client.chat.completions.create(model="tiny", messages=[{"content": "hi"}])
+
+
+def test_models_health_and_metrics(server, client):
+    assert [m.id for m in client.models.list().data] == ["tiny"]
+    assert httpx.get(server.url + "/health").status_code == 200
+    text = httpx.get(server.url + "/metrics").text
+    for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+                 "vllm:prompt_tokens_total", "vllm:generation_tokens_total",
+                 "vllm:time_to_first_token_seconds_bucket", "vllm:request_time_per_output_token_seconds_count"):
+        assert name + "{" in text, name
+
+
+def test_api_key_and_a_model_without_a_chat_template():
+    with BackgroundServer("tiny", api_key="secret", chat_template="{{ messages[0]['content'] }}", **ENGINE) as s:
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=s.base_url, api_key="wrong", max_retries=0).models.list()
+        assert httpx.get(s.base_url + "/models").status_code == 401
+        assert httpx.get(s.url + "/health").status_code == 200  # probes need no key
+        client = openai.OpenAI(base_url=s.base_url, api_key="secret", max_retries=0)
+        out = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "def f():"}],
+                                             max_tokens=3)
+        bare = s.engine.get_tokenizer()("def f():", add_special_tokens=False)["input_ids"]
+        assert out.usage.prompt_tokens == len(bare)  # the --chat-template, rendered as its bare content
+    with BackgroundServer("tiny", chat_template=None, **ENGINE) as s:
+        s.engine.get_tokenizer().chat_template = None
+        with pytest.raises(openai.BadRequestError, match="--chat-template"):
+            openai.OpenAI(base_url=s.base_url, api_key="none", max_retries=0).chat.completions.create(
+                model="tiny", messages=[{"role": "user", "content": "hi"}])
+
+
+def test_a_dead_engine_fails_its_requests_and_health():
+    with BackgroundServer("tiny", **ENGINE) as s:
+        def broken():
+            raise RuntimeError("device lost")
+
+        s.engine.llm_engine.step = broken
+        client = openai.OpenAI(base_url=s.base_url, api_key="none", max_retries=0)
+        with pytest.raises(openai.APIStatusError) as failed:
+            client.completions.create(model="tiny", prompt="x", max_tokens=4)
+        assert failed.value.status_code == 503 and "device lost" in failed.value.message
+        assert httpx.get(s.url + "/health").status_code == 503
+        with pytest.raises(openai.APIStatusError, match="device lost"):
+            client.completions.create(model="tiny", prompt="x", max_tokens=4)
+
+
+def test_serve_takes_every_engine_argument_by_vllms_flag():
+    from minillm.cli import build_parser, speculative_config
+    from minillm.entrypoints.cli_args import engine_kwargs
+
+    args = build_parser().parse_args([
+        "serve", "tiny", "--port", "9000", "--max-num-seqs", "4", "--no-enable-prefix-caching", "--quantization",
+        "int8", "--kv-cache-dtype", "int8", "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 2}'])
+    assert (args.model, args.host, args.port) == ("tiny", "127.0.0.1", 9000)
+    assert engine_kwargs(args) == {"max_num_seqs": 4, "enable_prefix_caching": False, "quantization": "int8",
+                                   "kv_cache_dtype": "int8"}
+    assert speculative_config(args) == {"method": "ngram", "num_speculative_tokens": 2}
+
+
+def test_metrics_text_has_the_speculative_counters():
+    from minillm.entrypoints.prometheus import prometheus_text
+
+    llm = LLM("tiny", speculative_config={"method": "ngram", "num_speculative_tokens": 2}, **ENGINE)
+    llm.generate(["x = [1, 2, 3]\nx = [1, 2, 3]\nx = [1, "], SamplingParams(temperature=0, max_tokens=16),
+                 use_tqdm=False)
+    text = prometheus_text(llm.get_metrics()).decode()
+    for name in ("vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_draft_tokens_total",
+                 "vllm:spec_decode_num_accepted_tokens_total"):
+        assert name + "{" in text, name
+    assert 'vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="tiny",position="1"}' in text
