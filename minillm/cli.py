@@ -1,4 +1,4 @@
-"""The `minillm` command: generate, serve, quantize, env, bench (see bench/cli.py), eval, course."""
+"""The `minillm` command: generate, serve, quantize, env, bench, eval, course (`minillm COMMAND --help` for each)."""
 
 from __future__ import annotations
 
@@ -68,14 +68,14 @@ def _serve(args) -> None:
 
 def _quantize(args) -> None:
     from minillm import LLM
-    from minillm.config.model import ModelConfig
     from minillm.models.loader import resolve_model_path
     from minillm.models.quant_checkpoint import save_quantized
+    from minillm.models.registry import read_model_config
 
     # "auto" keeps the checkpoint's dtype (on a CPU the engine's auto would be float32).
     dtype = args.dtype
     if dtype == "auto":
-        dtype = ModelConfig.from_dir(resolve_model_path(args.model)).checkpoint_dtype.removeprefix("torch.")
+        dtype = read_model_config(resolve_model_path(args.model)).checkpoint_dtype.removeprefix("torch.")
     llm = LLM(args.model, device=args.device, dtype=dtype, quantization=args.quantization,
               quant_group_size=args.group_size, skip_tokenizer_init=True)
     print(f"wrote {save_quantized(llm.llm_engine.model, llm.llm_engine.model_path, args.output)}")

@@ -18,16 +18,17 @@ from minillm.sampling_params import RequestOutputKind, SamplingParams
 class LLM:
     def __init__(self, model: str, **engine_args) -> None:
         """model: "tiny", "tiny-draft", a local Hugging Face folder, or a Hub id.
-        engine_args: dtype, device, skip_tokenizer_init, max_model_len, seed; the scheduler's max_num_seqs and
-        max_num_batched_tokens (tokens per step; longer prompts are prefilled in chunks); and the cache:
+        engine_args: dtype, device, skip_tokenizer_init, max_model_len, seed; the scheduler's max_num_seqs,
+        max_num_batched_tokens (tokens per step; longer prompts are prefilled in chunks) and scheduling_policy
+        ("fcfs", or an object with admit and token_budget: see engine/policy.py); and the cache:
         kv_cache ("paged", "contiguous" or "none"), block_size, num_kv_blocks, gpu_memory_utilization,
         enable_prefix_caching, attention_backend ("auto", "torch" or "triton"), kv_cache_dtype ("auto": the
         model's dtype, or "int8": K and V quantized with a scale per token and head, paged cache only, about
         half the bytes of fp16); weight-only quantization of the decoder's linear layers: quantization
         (None, "int8" or "int4") and quant_group_size (int4: 32, 64 or 128). A folder written by
-        `minillm quantize` (quant_checkpoint.py) loads already quantized. enforce_eager: False (the
+        `minillm quantize` (models/quant_checkpoint.py) loads already quantized. enforce_eager: False (the
         default) replays decode steps as CUDA graphs on a GPU with the Triton backend; True runs every
-        step eagerly, launch by launch (cuda_graph.py). speculative_config: None, or vLLM's dict for
+        step eagerly, launch by launch (engine/cuda_graph.py). speculative_config: None, or vLLM's dict for
         speculative decoding, {"model": "tiny-draft", "num_speculative_tokens": 4} (a draft model of
         the same vocabulary) or {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4,
         "prompt_lookup_min": 2} (drafts copied from the sequence itself); see spec_decode/."""
@@ -39,7 +40,7 @@ class LLM:
 
     def get_metrics(self) -> list[Metric]:
         """Counters, gauges and histograms since the engine started, vLLM's classes and names
-        (engine_metrics.py), speculative decoding's included."""
+        (engine/metrics.py), speculative decoding's included."""
         return self.llm_engine.get_metrics()
 
     def generate(self, prompts: PromptType | Sequence[PromptType],

@@ -46,7 +46,7 @@ class Sequence:
         self.logprobs: list[dict[int, Logprob]] | None = [] if params.logprobs is not None else None
         self.cumulative_logprob: float | None = 0.0 if params.logprobs is not None else None
         self.metrics = RequestMetrics(arrival_time=arrival_time)
-        # Incremental detokenisation window (see output_processor.py); starting a few prompt tokens
+        # Incremental detokenisation window (see engine/output_processor.py); starting a few prompt tokens
         # back lets tokenizers that merge a leading space into the first word decode it correctly.
         self.prefix_offset = max(0, self.num_prompt_tokens - 5)
         self.read_offset = self.num_prompt_tokens

@@ -1,4 +1,10 @@
-"""The contract between the model runner and an attention backend."""
+"""The contract between the model runner and an attention backend.
+
+The runner knows which tokens of which sequences a step computes; each backend turns that into the
+metadata it reads (vLLM v1's metadata builders), in tensors of its own where a CUDA graph needs fixed
+addresses. The KV-cache manager only keeps the scheduler's bookkeeping; the model only calls
+`attn(layer_idx, q, k, v)`.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +12,8 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
+
+from minillm.sequence import Sequence
 
 
 @dataclass
@@ -18,7 +26,7 @@ class AttentionMetadata:
     start_pos: list[int]
     # Contiguous cache only: one [num_layers, 2, capacity, num_kv_heads, head_dim] buffer per sequence.
     kv_buffers: list[torch.Tensor] = field(default_factory=list)
-    # Paged cache only (see kernels/reference.py for the layout).
+    # Paged cache only (see kernels/attention_reference.py for the layout).
     slot_mapping: torch.Tensor | None = None  # [tokens]: where each new token's K/V go in the pool
     block_tables: torch.Tensor | None = None  # [num_seqs, max_blocks] int32
     seq_lens: torch.Tensor | None = None  # [num_seqs] int32: cached + new tokens
@@ -33,8 +41,22 @@ class AttentionMetadata:
         return len(self.start_pos)
 
 
+def query_start_loc(query_lens: list[int]) -> list[int]:
+    """[0, n0, n0 + n1, ...]: where each sequence's tokens start in the flattened batch, and the end."""
+    loc = [0]
+    for n in query_lens:
+        loc.append(loc[-1] + n)
+    return loc
+
+
 class AttentionBackend(Protocol):
     name: str
+
+    def build_metadata(self, seqs: list[Sequence], start_pos: list[int], query_lens: list[int],
+                       num_rows: int | None = None) -> AttentionMetadata:
+        """A step's metadata: sequence i computes query_lens[i] tokens from position start_pos[i].
+        Rows past the batch up to num_rows are padding (a CUDA graph's), which reads and writes nothing."""
+        ...
 
     def forward(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 metadata: AttentionMetadata) -> torch.Tensor:

@@ -9,8 +9,10 @@ from collections.abc import Callable
 
 import torch
 
-from minillm.attention.base import AttentionMetadata
-from minillm.attention.reference import append_and_attend
+from minillm.attention.base import AttentionMetadata, query_start_loc
+from minillm.attention.per_sequence import append_and_attend
+from minillm.kv.contiguous_cache import ContiguousKVCache
+from minillm.sequence import Sequence
 
 CacheAttentionFn = Callable[..., torch.Tensor]
 
@@ -18,9 +20,15 @@ CacheAttentionFn = Callable[..., torch.Tensor]
 class ContiguousAttention:
     name = "contiguous"
 
-    def __init__(self, cache_attention: CacheAttentionFn = append_and_attend) -> None:
+    def __init__(self, cache: ContiguousKVCache, cache_attention: CacheAttentionFn = append_and_attend) -> None:
+        self.cache = cache
         # Replaceable: the course plugs a learner's own append-and-attend in here.
         self.cache_attention = cache_attention
+
+    def build_metadata(self, seqs: list[Sequence], start_pos: list[int], query_lens: list[int],
+                       num_rows: int | None = None) -> AttentionMetadata:
+        return AttentionMetadata(query_start_loc=query_start_loc(query_lens), start_pos=list(start_pos),
+                                 kv_buffers=[self.cache.buffer(seq) for seq in seqs])
 
     def forward(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 metadata: AttentionMetadata) -> torch.Tensor:

@@ -40,9 +40,9 @@ def bench_attention(contexts=(4096, 8192, 16384, 32768), batch: int = 8, num_kv_
                     dtype: torch.dtype = torch.float16) -> tuple[list[dict], list[dict], dict]:
     if not torch.cuda.is_available():
         raise ValueError("minillm bench attention measures the Triton kernels on a CUDA GPU; none is visible")
+    from minillm.kernels.attention_reference import paged_decode_attention_ref
     from minillm.kernels.paged_decode import paged_decode_attention
     from minillm.kernels.paged_prefill import paged_prefill_attention
-    from minillm.kernels.reference import paged_decode_attention_ref
 
     copy_bw = copy_bandwidth()
     scale = head_dim ** -0.5

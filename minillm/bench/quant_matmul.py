@@ -51,7 +51,7 @@ def bench_quant_matmul(shapes: tuple[tuple[int, int], ...] = ((4096, 4096), (409
     from minillm.kernels.quant_matmul import int4_matmul, int8_matmul
     from minillm.quant.int4 import quantize_int4
     from minillm.quant.int8 import quantize_int8
-    from minillm.quant.reference import int4_matmul_ref, int8_matmul_ref
+    from minillm.quant.matmul_reference import int4_matmul_ref, int8_matmul_ref
 
     kernels = {"fp16": F.linear, "int8": int8_matmul, "int4": int4_matmul}
     rows = []

@@ -4,19 +4,19 @@ Requests arrive at given times; each engine step advances the clock by a cost mo
 `StepCost(fixed, per_token)`, fitted to measured steps (`fit_step_cost`) or taken from a GPU's
 figures. The tokens are the engine's own; only time is modelled. So a scheduling policy's TTFT,
 TPOT and goodput come out the same on every machine, which a grader and a chapter's claim need,
-while the real server (`minillm bench serve`) measures the same policy in wall-clock time.
+while the real server (`minillm bench serve`) measures the same policy in wall-clock time. The
+policy is the engine's own: `LLM(model, scheduling_policy=...)` (engine/policy.py).
 """
 
 from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from minillm.bench.latency import percentile
 from minillm.engine.llm_engine import LLMEngine
-from minillm.engine.scheduler import Scheduler
 from minillm.engine.trace import StepEvent
 from minillm.sampling_params import RequestOutputKind, SamplingParams
 
@@ -110,9 +110,10 @@ def replay(engine: LLMEngine, requests: Sequence[TimedRequest], cost: StepCost) 
                 next_arrival += 1
             outputs = engine.step()
             if not step_tokens:  # requests are waiting, and the step scheduled none of them
+                scheduler = engine.scheduler
                 raise RuntimeError(f"the engine made no progress at t = {now:.3f} s with "
-                                   f"{len(engine.scheduler.waiting)} requests waiting: a token budget of "
-                                   f"{engine.scheduler.token_budget()} admits nobody")
+                                   f"{len(scheduler.waiting)} requests waiting: a token budget of "
+                                   f"{scheduler.policy.token_budget(scheduler)} admits nobody")
             now += cost(step_tokens.pop())
             for out in outputs:
                 timing = timings[out.request_id]
@@ -138,15 +139,3 @@ def summarize(timings: Sequence[Timing], slo: dict[str, float]) -> dict:
     good = sum(all(not getattr(t, name) * 1e3 > limit + 1e-6 for name, limit in slo.items()) for t in done)
     row.update(goodput=good / duration, slo_attained=good / len(timings))
     return row
-
-
-def with_token_budget(engine: LLMEngine, budget: Callable[[Scheduler], int] | None) -> LLMEngine:
-    """The engine with `budget(scheduler) -> int` choosing each step's token budget (see
-    Scheduler.token_budget); None puts the scheduler's own back."""
-    scheduler = engine.scheduler
-    if budget is None:
-        vars(scheduler).pop("token_budget", None)
-    else:
-        scheduler.token_budget = lambda: budget(scheduler)
-    return engine
-

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -24,6 +25,8 @@ KV_CACHE_DTYPES = ("auto", "int8")
 # The kernels a layer can run: the PyTorch references or Triton's (kernels/ops.py); "auto" picks per device.
 KERNELS = ("torch", "triton")
 KERNEL_CHOICES = ("auto", *KERNELS)
+# Scheduling policies by name, vLLM's default among them (engine/policy.py implements them).
+SCHEDULING_POLICIES = ("fcfs",)
 
 
 @dataclass
@@ -72,11 +75,28 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 2048  # tokens per step; longer prompts are prefilled in chunks
     # Speculative decoding: slots a decode reserves for the drafts it verifies (set from speculative_config).
     num_lookahead_slots: int = 0
+    # Who joins each step, and how many tokens the step may compute: a name of SCHEDULING_POLICIES, or a
+    # policy of one's own, an object (or a class, made here without arguments) with admit and token_budget.
+    scheduling_policy: Any = "fcfs"
 
     def __post_init__(self) -> None:
         check_int("max_num_seqs", self.max_num_seqs, 1)
         check_int("max_num_batched_tokens", self.max_num_batched_tokens, 1)
         check_int("num_lookahead_slots", self.num_lookahead_slots, 0)
+        if isinstance(self.scheduling_policy, type):
+            self.scheduling_policy = self.scheduling_policy()
+        _check_scheduling_policy(self.scheduling_policy)
+
+
+def _check_scheduling_policy(policy: Any) -> None:
+    if isinstance(policy, str):
+        problem = "" if policy in SCHEDULING_POLICIES else f"got {policy!r}"
+    else:
+        missing = [method for method in ("admit", "token_budget") if not callable(getattr(policy, method, None))]
+        problem = f"got {policy!r}, which has no {' and no '.join(missing)} method" if missing else ""
+    if problem:
+        raise ValueError(f"scheduling_policy must be one of {SCHEDULING_POLICIES} or an object with the methods "
+                         f"admit(scheduler, batch, budget) and token_budget(scheduler), {problem}")
 
 
 @dataclass

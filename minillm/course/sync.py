@@ -20,7 +20,7 @@ from minillm.grading.notebook import read, write
 from minillm.version import __version__
 
 NOTEBOOK_FOLDERS = ("notebooks", "solutions", "exercises")
-SOURCE = Path("minillm", "release.py")
+SOURCE = Path("minillm", "course", "release.py")
 
 
 def sync(root: Path, repository: str = REPOSITORY, tag: str = TAG, *, write_files: bool = True) -> list[Path]:

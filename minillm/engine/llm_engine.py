@@ -10,18 +10,18 @@ from collections.abc import Callable
 import torch
 
 from minillm.config.engine import EngineConfig, check_checkpoint_quantization, resolve_max_model_len
-from minillm.config.model import ModelConfig
 from minillm.engine.metrics import EngineCounters, Metric, collect_metrics
 from minillm.engine.model_runner import ModelRunner
 from minillm.engine.output_processor import OutputProcessor
 from minillm.engine.runner_output import ModelRunnerOutput
 from minillm.engine.scheduler import ScheduledBatch, Scheduler
 from minillm.engine.trace import SeqState, StepEvent, TraceInfo
-from minillm.kernels.ops import resolve_kernel
-from minillm.kv.manager import create_kv_cache_manager
+from minillm.kernels.ops import load_ops, resolve_kernel
+from minillm.kv.cache_manager import create_kv_cache_manager
 from minillm.kv.pool import kv_bytes_per_token
 from minillm.layers.quant_linear import quantize_model
 from minillm.models.loader import load_model, load_tokenizer, resolve_model_path
+from minillm.models.registry import read_model_config
 from minillm.outputs import RequestOutput
 from minillm.sampling_params import SamplingParams
 from minillm.sequence import Sequence
@@ -34,49 +34,51 @@ PromptType = str | dict
 
 class LLMEngine:
     def __init__(self, model: str, **engine_args) -> None:
-        """engine_args: vLLM's names, as listed in `LLM`'s docstring; see engine_config.py."""
+        """engine_args: vLLM's names, as listed in `LLM`'s docstring; see config/engine.py."""
         self.config = config = EngineConfig.from_engine_args(model, **engine_args)
         self.model_name = str(model)
         self.model_path = path = resolve_model_path(model)
-        self.model_config = model_config = ModelConfig.from_dir(path)
+        self.model_config = model_config = read_model_config(path)
         self.max_model_len = resolve_max_model_len(config.model.max_model_len, model_config)
         self.device = resolve_device(config.device.device)
         self.dtype = resolve_dtype(config.model.dtype, model_config.checkpoint_dtype, self.device)
         self.kv_cache_dtype = config.cache.kv_cache_dtype
-        kernel = resolve_kernel(config.device.attention_backend, self.device, config.cache.block_size)
+        # One choice of kernels for every layer that has one, attention included: Triton's on a GPU,
+        # PyTorch's references on a CPU unless Triton's interpreter is asked for.
+        self.ops = load_ops(resolve_kernel(config.device.attention_backend, self.device, config.cache.block_size))
         check_checkpoint_quantization(config.model, model_config, path)
         self.tokenizer = None if config.model.skip_tokenizer_init else load_tokenizer(path)
-        # A quantized checkpoint loads quantized. Its matmuls run on the attention's kernels: Triton's
-        # on a GPU, PyTorch's references on a CPU unless Triton's interpreter is asked for.
-        self.model = load_model(path, model_config, self.dtype, self.device, kernel)
+        # A quantized checkpoint loads quantized; otherwise quantization, if asked for, follows loading.
+        self.model = load_model(path, model_config, self.dtype, self.device, self.ops)
         if config.model.quantization is not None and model_config.quantization is None:
-            quantize_model(self.model, config.model.quantization, config.model.quant_group_size, kernel)
+            quantize_model(self.model, config.model.quantization, config.model.quant_group_size)
         eos = set(model_config.eos_token_ids)
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
             eos.add(self.tokenizer.eos_token_id)
         self.eos_token_ids = frozenset(eos)
         spec = config.speculative
         # The draft loads before the KV pools are sized: its weights and its own pool share the memory.
-        draft = load_draft_model(spec, model_config, self.tokenizer, self.dtype, self.device, kernel,
+        draft = load_draft_model(spec, model_config, self.tokenizer, self.dtype, self.device, self.ops,
                                  self.max_model_len) if spec is not None and spec.method == "draft_model" else None
         self.kv_cache_manager = kv = create_kv_cache_manager(
-            config.cache, model_config, self.dtype, self.device, kernel, self.max_model_len,
+            config.cache, model_config, self.dtype, self.device, self.max_model_len,
             config.scheduler.max_num_seqs,
             kv_bytes_per_token(draft[1], self.dtype, self.kv_cache_dtype) if draft else 0)
         self.kv_cache, self.block_manager = kv.storage, kv.block_manager
         self.model_runner = runner = ModelRunner(self.model, kv, config.scheduler, self.max_model_len, self.device,
                                                  config.model.seed)
         if spec is not None:
-            runner.set_proposer(create_proposer(spec, draft, kv, runner.buffers, runner.sampler.generator, kernel,
-                                                self.kv_cache_dtype), spec.num_speculative_tokens)
+            runner.set_proposer(create_proposer(spec, draft, kv, runner.attn_backend, runner.buffers,
+                                                runner.sampler.generator, self.kv_cache_dtype),
+                                spec.num_speculative_tokens)
         self.spec_decoding_stats = AcceptanceCounts(spec.num_speculative_tokens) if spec else None
         self.counters = EngineCounters()
         # Decode steps replay CUDA graphs, as in vLLM, where the step is made of Triton kernels on a GPU.
-        if not config.device.enforce_eager and self.device.type == "cuda" and kernel == "triton":
+        if not config.device.enforce_eager and self.device.type == "cuda" and self.ops.kernel == "triton":
             self.model_runner.capture_decode_graphs()
         self.output_processor = OutputProcessor(self.tokenizer)
-        self.scheduler = Scheduler(config.scheduler, kv, self.output_processor.append_token)
-        self.step_listeners: list[Callable[[StepEvent], None]] = []  # see trace.py
+        self.scheduler = Scheduler(config.scheduler, kv)
+        self.step_listeners: list[Callable[[StepEvent], None]] = []  # see engine/trace.py
         self.num_steps = 0
 
     def add_request(self, request_id: str, prompt: PromptType, params: SamplingParams,
@@ -103,23 +105,24 @@ class LLMEngine:
         return self.scheduler.has_unfinished_requests()
 
     def step(self) -> list[RequestOutput]:
-        """One iteration: schedule, run the model, hand its tokens to the scheduler, make outputs."""
+        """One iteration: schedule; run the model; the output processor appends its tokens and decides
+        the stops (the one place that does, once per step) and makes the outputs; the scheduler then
+        advances the cache and frees the finished sequences; the step is recorded."""
         batch = self.scheduler.schedule()
         if not batch.seqs:
             return []
-        before = self._seq_states(batch) if self.step_listeners else None
+        states = self._seq_states(batch) if self.step_listeners else None
         num_outputs = [seq.num_output_tokens for seq in batch.seqs]
         output = self.model_runner.execute_model(batch)
-        received = self.scheduler.update(batch, output)
-        outputs = self.output_processor.make_outputs(received)
-        self._count(batch, output, num_outputs)
-        if before is not None:
-            self._notify(self._step_event(batch, before, output))
-        self.num_steps += 1
+        outputs = self.output_processor.process_outputs(batch.seqs, output)
+        self.scheduler.update(batch, output)
+        self._record_step(batch, output, num_outputs, states)
         return outputs
 
-    def _count(self, batch: ScheduledBatch, output: ModelRunnerOutput, num_outputs: list[int]) -> None:
-        """The step into the counters of get_metrics; num_outputs: each sequence's tokens before it."""
+    def _record_step(self, batch: ScheduledBatch, output: ModelRunnerOutput, num_outputs: list[int],
+                     states: list[SeqState] | None) -> None:
+        """The finished step into the counters of get_metrics, then to the step listeners; num_outputs:
+        each sequence's tokens before the step; states: its sequences before it, when someone listens."""
         c = self.counters
         c.num_preemptions += len(batch.preempted)
         for drafts, tokens in zip(output.spec_token_ids, output.sampled_token_ids):
@@ -139,6 +142,9 @@ class LLMEngine:
                 if seq.num_output_tokens > 1:
                     c.time_per_output_token.observe(
                         (m.last_token_time - m.first_token_time) / (seq.num_output_tokens - 1))
+        if states is not None:
+            self._notify(self._step_event(batch, states, output))
+        self.num_steps += 1
 
     def get_metrics(self) -> list[Metric]:
         kv = self.kv_cache_manager

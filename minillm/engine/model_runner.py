@@ -13,15 +13,16 @@ import functools
 
 import torch
 
-from minillm.attention import AttentionMetadata, NoCacheAttention
+from minillm.attention import NoCacheAttention
+from minillm.attention.selector import create_attention_backend
 from minillm.config.engine import SchedulerConfig
 from minillm.engine.cuda_graph import DecodeGraphs, capture_sizes
 from minillm.engine.input_buffers import InputBuffers
 from minillm.engine.model_input import ModelInput, build_model_input, compute_logits
 from minillm.engine.runner_output import ModelRunnerOutput
 from minillm.engine.scheduler import ScheduledBatch
-from minillm.kv.manager import KVCacheManager
-from minillm.models.llama import LlamaForCausalLM
+from minillm.kv.cache_manager import KVCacheManager
+from minillm.models.interface import CausalLM
 from minillm.sample.rejection_sampler import RejectionSampler
 from minillm.sample.sampler import Sampler, SamplingMetadata
 from minillm.sequence import Sequence
@@ -29,21 +30,21 @@ from minillm.spec_decode.proposal import Proposer
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaForCausalLM, kv_cache_manager: KVCacheManager, config: SchedulerConfig,
+    def __init__(self, model: CausalLM, kv_cache_manager: KVCacheManager, config: SchedulerConfig,
                  max_model_len: int, device: torch.device, seed: int) -> None:
-        """Speculation is switched on afterwards, by `set_proposer`, as it needs the runner's buffers."""
+        """The attention backend over kv_cache_manager's storage runs on the model's kernels.
+        Speculation is switched on afterwards, by `set_proposer`, as it needs the runner's buffers."""
         self.model = model
         self.kv_cache_manager = kv_cache_manager
-        self.attn_backend = kv_cache_manager.attn_backend
         self.max_model_len = max_model_len
         self.device = device
         self.sampler = Sampler(torch.Generator(device=device).manual_seed(seed))
         self.max_num_seqs = config.max_num_seqs
         # A decode step of max_num_seqs rows must fit too, whatever the token budget.
-        max_tokens = max(config.max_num_batched_tokens, config.max_num_seqs)
-        block_size = kv_cache_manager.block_size
-        self.buffers = InputBuffers(max_tokens, config.max_num_seqs,
-                                    -(-max_model_len // block_size) if block_size else 0, device)
+        self.max_num_tokens = max(config.max_num_batched_tokens, config.max_num_seqs)
+        self.attn_backend = create_attention_backend(kv_cache_manager, model.ops, model.config.head_dim,
+                                                     self.max_num_tokens, config.max_num_seqs, max_model_len)
+        self.buffers = InputBuffers(self.max_num_tokens, device)
         self.decode_graphs: DecodeGraphs | None = None
         self.proposer: Proposer | None = None
         self.rejection_sampler: RejectionSampler | None = None
@@ -82,7 +83,7 @@ class ModelRunner:
                      in zip(batch.seqs, starts, batch.num_new_tokens, batch.num_spec_tokens, spec)]
         # Logits at each sampling sequence's last position, and at each of its drafts.
         num_logits = [len(drafts) + 1 if sample else 0 for sample, drafts in zip(batch.do_sample, spec)]
-        return build_model_input(batch.seqs, starts, token_ids, num_logits, self.kv_cache_manager, self.buffers,
+        return build_model_input(batch.seqs, starts, token_ids, num_logits, self.attn_backend, self.buffers,
                                  self._graph_size(batch))
 
     def execute(self, model_input: ModelInput) -> torch.Tensor | None:
@@ -113,22 +114,20 @@ class ModelRunner:
 
     def _decode_forward(self, num_rows: int) -> torch.Tensor:
         """The model on the first num_rows rows of the buffers, as a pure decode step: logits for each."""
-        metadata = self.kv_cache_manager.decode_metadata(self.buffers, num_rows, self.max_model_len)
+        metadata = self.attn_backend.decode_graph_metadata(num_rows)
         hidden = self.model(self.buffers.input_ids[:num_rows], self.buffers.positions[:num_rows],
                             functools.partial(self.attn_backend.forward, metadata=metadata))
         return self.model.compute_logits(hidden)
 
 
 @torch.inference_mode()
-def sequence_logits(model: LlamaForCausalLM, sequences: list[list[int]]) -> list[torch.Tensor]:
+def sequence_logits(model: CausalLM, sequences: list[list[int]]) -> list[torch.Tensor]:
     """Logits at every position of each whole sequence, no cache involved: [len(seq), vocab] each.
     All sequences go through the model together, as one flattened batch."""
-    device = model.model.embed_tokens.weight.device
-    query_start_loc = [0]
-    for seq in sequences:
-        query_start_loc.append(query_start_loc[-1] + len(seq))
-    metadata = AttentionMetadata(query_start_loc=query_start_loc, start_pos=[0] * len(sequences))
+    device = next(model.parameters()).device
+    backend = NoCacheAttention()
+    metadata = backend.build_metadata([], [0] * len(sequences), [len(seq) for seq in sequences])
     hidden = model(torch.tensor([t for seq in sequences for t in seq], device=device),
                    torch.tensor([p for seq in sequences for p in range(len(seq))], device=device),
-                   functools.partial(NoCacheAttention().forward, metadata=metadata))
+                   functools.partial(backend.forward, metadata=metadata))
     return list(model.compute_logits(hidden).split([len(seq) for seq in sequences]))

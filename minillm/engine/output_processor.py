@@ -1,5 +1,10 @@
 """After sampling: append each token, turn tokens into text, decide where a sequence stops, and
-make the outputs the user sees. The scheduler calls `append_token` for each token a step produced.
+make the outputs the user sees.
+
+The engine's step calls `process_outputs` once, right after the model ran: it is the one place
+where a step's tokens join their sequences and stops are decided, whether a step produced one
+token per sequence or, verifying drafts, several. The scheduler's `update` comes next and only
+follows what was decided here: it advances the cache and frees the sequences that finished.
 
 Text is produced incrementally. Decoding only the newest token is wrong for byte-level BPE: one
 character can span several tokens (the first tokens of an emoji decode to U+FFFD), and some
@@ -11,22 +16,36 @@ no longer ends in an incomplete character.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 
+from minillm.engine.runner_output import ModelRunnerOutput
 from minillm.outputs import CompletionOutput, Logprob, RequestOutput
 from minillm.sample.sampler import SamplerOutput
 from minillm.sampling_params import RequestOutputKind
 from minillm.sequence import Sequence
 
-# (sequence, token, the sampler's rows, the token's row): appends and sets finish_reason if it stops.
-TokenAppender = Callable[[Sequence, int, SamplerOutput | None, int], None]
-
 
 class OutputProcessor:
     def __init__(self, tokenizer) -> None:
+        """tokenizer: None judges stops on tokens alone (text needs a tokenizer)."""
         self.tokenizer = tokenizer
 
-    def append_token(self, seq: Sequence, token: int, sampled: SamplerOutput | None, row: int) -> None:
+    def process_outputs(self, seqs: list[Sequence], output: ModelRunnerOutput) -> list[RequestOutput]:
+        """Each sequence of the step takes the tokens the model produced for it, one at a time until
+        one stops it: tokens after a stop are never shown. Returns the outputs of the sequences that
+        received tokens: the finished ones, and every streamed one."""
+        outputs = []
+        row = 0  # of the sequence's first token in output.sampler_output
+        for seq, tokens in zip(seqs, output.sampled_token_ids):
+            for i, token in enumerate(tokens):
+                self._append_token(seq, token, output.sampler_output, row + i)
+                if seq.finish_reason is not None:
+                    break
+            row += len(tokens)
+            if tokens and (seq.finish_reason is not None or seq.params.output_kind is RequestOutputKind.CUMULATIVE):
+                outputs.append(self.make_output(seq))
+        return outputs
+
+    def _append_token(self, seq: Sequence, token: int, sampled: SamplerOutput | None, row: int) -> None:
         """One generated token into seq: its logprobs, its text, and whether seq stops at it."""
         now = time.time()
         seq.token_ids.append(token)
@@ -40,11 +59,6 @@ class OutputProcessor:
         if seq.finish_reason is not None:
             seq.metrics.finished_time = now
             self._finalize_text(seq)
-
-    def make_outputs(self, seqs: list[Sequence]) -> list[RequestOutput]:
-        """Outputs for the sequences that received tokens: the finished ones, and every streamed one."""
-        return [self.make_output(seq) for seq in seqs
-                if seq.finish_reason is not None or seq.params.output_kind is RequestOutputKind.CUMULATIVE]
 
     def decode(self, token_ids: list[int], seq: Sequence) -> str:
         # No clean-up of "tokenization spaces": it rewrites " ." to "." and would corrupt code.

@@ -1,11 +1,15 @@
 """Decides, before every step, which sequences run and how many of their tokens go in.
 
-Every step has a token budget, `max_num_batched_tokens`, and at most `max_num_seqs` sequences run at
-once. Running sequences are served first: their decodes, oldest first, at one token each, then the
-prompts still being prefilled, each the rest of it or as much as the budget has left. Whatever budget remains
-admits waiting requests, first come, first served, their prompts cut into chunks that fit
-(chunked prefill). So one step can mix prefill chunks and decodes, and a long prompt never stalls
-the decodes of everyone else. The batch is flattened, so the mix needs no padding.
+Every step has a token budget, and at most `max_num_seqs` sequences run at once. Running sequences
+are served first: their decodes, oldest first, at one token each, then the prompts still being
+prefilled, each the rest of it or as much as the budget has left. Whatever budget remains admits
+waiting requests, their prompts cut into chunks that fit (chunked prefill). So one step can mix
+prefill chunks and decodes, and a long prompt never stalls the decodes of everyone else. The batch
+is flattened, so the mix needs no padding.
+
+The budget and the admission are the scheduling policy's (policy.py, the engine argument
+`scheduling_policy`): by default the whole `max_num_batched_tokens` every step, and first come,
+first served.
 
 With the paged cache a request is admitted only when the pool has blocks for its prompt. When a
 running sequence needs a block for its next token and none is free, the most recently admitted
@@ -16,6 +20,10 @@ that preempted.
 With speculative decoding (`num_lookahead_slots` = k), a decode also reserves cache slots and budget
 for the k draft tokens the step will verify; `update` keeps the K/V of the drafts the target accepted
 and gives back the blocks that only held rejected ones.
+
+Which tokens a step gives each sequence, and whether it stops there, is not decided here: in the
+engine's step the output processor appends the tokens and decides the stops, once, and `update` then
+follows what it decided (the cache advanced, finished sequences freed).
 """
 
 from __future__ import annotations
@@ -25,9 +33,9 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from minillm.config.engine import SchedulerConfig
-from minillm.engine.output_processor import OutputProcessor, TokenAppender
+from minillm.engine.policy import resolve_policy
 from minillm.engine.runner_output import ModelRunnerOutput
-from minillm.kv.manager import KVCacheManager
+from minillm.kv.cache_manager import KVCacheManager
 from minillm.sequence import Sequence, SequenceStatus
 
 
@@ -65,14 +73,10 @@ class ScheduledBatch:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, kv_cache_manager: KVCacheManager,
-                 append_token: TokenAppender | None = None) -> None:
-        """append_token puts one generated token into a sequence and decides whether it stops there
-        (the engine's output processor; without one, stops are judged on tokens alone, as text needs
-        a tokenizer)."""
+    def __init__(self, config: SchedulerConfig, kv_cache_manager: KVCacheManager) -> None:
         self.config = config
         self.kv_cache_manager = kv_cache_manager
-        self.append_token = append_token or OutputProcessor(None).append_token
+        self.policy = resolve_policy(config.scheduling_policy)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_steps = 0  # schedule() calls so far: a clock that ticks alike on every machine
@@ -91,7 +95,7 @@ class Scheduler:
         self.waiting.append(seq)
 
     def steps_waited(self, seq: Sequence) -> int:
-        """Steps scheduled since seq arrived: its age on the step clock, for an admission policy that
+        """Steps scheduled since seq arrived: its age on the step clock, for a scheduling policy that
         ages requests so that none waits forever (exercise 04)."""
         return self.num_steps - self.arrival_steps.get(seq.request_id, self.num_steps)
 
@@ -100,7 +104,7 @@ class Scheduler:
 
     def schedule(self) -> ScheduledBatch:
         batch = ScheduledBatch([], [], [], [])
-        budget = self.token_budget()
+        budget = self.policy.token_budget(self)
         # Decodes first, then prompts still being prefilled (vLLM's chunked-prefill policy): a long
         # prompt's chunk takes what the decodes leave, so a small budget never stalls them.
         for seq in sorted(self.running, key=lambda s: s.num_tokens - s.num_computed_tokens > 1):
@@ -113,30 +117,10 @@ class Scheduler:
             if not self._reserve(seq, seq.num_computed_tokens + n + lookahead, batch):
                 continue
             budget -= batch.add(seq, n, lookahead)
-        self.admit(batch, budget)
+        self.policy.admit(self, batch, budget)
         batch.decodes_first()
         self.num_steps += 1
         return batch
-
-    def token_budget(self) -> int:
-        """The tokens this step may compute. A serving policy may set it lower, step by step, to keep a
-        step short enough for a latency target (Sarathi-Serve's token budget; chapter 07)."""
-        return self.max_num_batched_tokens
-
-    def admit(self, batch: ScheduledBatch, budget: int) -> None:
-        """Waiting requests join the batch first come, first served, while the step has token budget
-        left, fewer than max_num_seqs run, and the cache has room for the next one's tokens. None join
-        a step that preempted: memory is short, and the victim, now at the head of the queue, could
-        otherwise be readmitted at once through its own cached prefix blocks and undo the preemption.
-        A policy may take this step's place in another order (exercise 04: shortest prompt first, aged
-        by steps_waited)."""
-        while self.waiting and budget > 0 and not batch.preempted and len(self.running) < self.max_num_seqs:
-            seq = self.waiting[0]
-            if not self.allocate(seq):
-                break  # the head of the queue waits for memory, and everyone behind it too
-            self.waiting.popleft()
-            self.running.append(seq)
-            budget -= batch.add(seq, self.num_new_tokens(seq, budget))
 
     def num_new_tokens(self, seq: Sequence, budget: int) -> int:
         """Tokens seq computes this step: all it has not computed yet, at most the budget left."""
@@ -175,31 +159,22 @@ class Scheduler:
         self.kv_cache_manager.append(seq, num_tokens)
         return True
 
-    def update(self, batch: ScheduledBatch, output: ModelRunnerOutput) -> list[Sequence]:
-        """A step's aftermath: each sequence takes the tokens the step produced for it, one at a time
-        until one stops it; the cache holds what the step computed (and registers the blocks it filled
-        in the prefix cache); finished sequences leave and free their memory. Returns the sequences
-        that received tokens, in batch order."""
-        received = []
-        row = 0  # of the sequence's first token in output.sampler_output
+    def update(self, batch: ScheduledBatch, output: ModelRunnerOutput) -> None:
+        """A step's aftermath, once the output processor has appended each sequence's tokens and
+        decided its stop (OutputProcessor.process_outputs): the cache holds what the step computed
+        (and registers the blocks it filled in the prefix cache); finished sequences leave and free
+        their memory."""
         for seq, n, lookahead, spec, tokens in zip(batch.seqs, batch.num_new_tokens, batch.num_spec_tokens,
                                                    output.spec_token_ids, output.sampled_token_ids):
-            for i, token in enumerate(tokens):
-                self.append_token(seq, token, output.sampler_output, row + i)
-                if seq.finish_reason is not None:
-                    break  # tokens after a stop are never shown
-            row += len(tokens)
             # Of the drafts verified, the accepted ones are computed; the rejected ones' K/V stay in
-            # the cache as garbage, overwritten before anyone reads them. Never past the tokens kept.
+            # the cache as garbage, overwritten before anyone reads them. Never past the tokens kept
+            # (a stop cuts the run of tokens a step produced).
             computed = n - lookahead + (len(tokens) - 1 if spec else 0)
             self.kv_cache_manager.mark_computed(seq, min(computed, seq.num_tokens - seq.num_computed_tokens))
-            if tokens:
-                received.append(seq)
             if seq.finish_reason is not None:
                 self.finish(seq)
             elif lookahead:
                 self.kv_cache_manager.truncate(seq)  # blocks that held only rejected drafts
-        return received
 
     def preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
@@ -219,3 +194,7 @@ class Scheduler:
 
     def find(self, request_id: str) -> Sequence | None:
         return next((s for s in (*self.running, *self.waiting) if s.request_id == request_id), None)
+
+    def __repr__(self) -> str:  # as a policy's argument in a check's message
+        return (f"Scheduler(running={[s.request_id for s in self.running]}, "
+                f"waiting={[s.request_id for s in self.waiting]}, num_steps={self.num_steps})")

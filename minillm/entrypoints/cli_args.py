@@ -11,6 +11,8 @@ ENGINE_ARGS: tuple[tuple[str, type, str], ...] = (
     ("max_model_len", int, "context length (default: the model's)"),
     ("max_num_seqs", int, "sequences running at once"),
     ("max_num_batched_tokens", int, "tokens per step; longer prompts are prefilled in chunks"),
+    ("scheduling_policy", str, "who joins each step, and its token budget: fcfs (first come, first served, "
+                               "up to max_num_batched_tokens; a policy object goes in through the Python API)"),
     ("block_size", int, "tokens per KV block"),
     ("num_kv_blocks", int, "KV blocks (default: what --gpu-memory-utilization leaves free)"),
     ("gpu_memory_utilization", float, "fraction of device memory for weights and KV cache"),

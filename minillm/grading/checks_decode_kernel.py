@@ -16,8 +16,8 @@ import torch
 
 from minillm.grading.engine_check import check_generation
 from minillm.grading.feedback import CheckFailed, call_learner, check_tensor
+from minillm.kernels.attention_reference import paged_decode_attention_ref
 from minillm.kernels.random_inputs import paged_batch
-from minillm.kernels.reference import paged_decode_attention_ref
 from minillm.llm import LLM
 
 TILE = 16  # the tile of the exercise's kernel

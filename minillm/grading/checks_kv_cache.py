@@ -1,7 +1,7 @@
 """Checks for exercise 01, the KV cache: `append_kv`, `attend`, `append_and_attend`, and the
 learner's function inside the real engine.
 
-Expected values come from the engine's own reference (minillm.attention.reference). When an
+Expected values come from the engine's own reference (minillm.attention.per_sequence). When an
 answer is wrong, it is also compared with the answers that common mistakes produce, so that the
 message can name the mistake rather than only report a difference.
 """
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from minillm.attention import ContiguousAttention, reference
+from minillm.attention import ContiguousAttention, per_sequence
 from minillm.grading.engine_check import check_generation
 from minillm.grading.feedback import CheckFailed, call_learner, check_tensor, mismatch, shape, spans
 from minillm.llm import LLM
@@ -112,7 +112,7 @@ def check_append_and_attend(append_and_attend: Callable) -> None:
         t = case.tensors(seed)
         before = t["k_cache"].clone(), t["v_cache"].clone()
         k_ref, v_ref = before[0].clone(), before[1].clone()
-        expected = reference.append_and_attend(t["q"], t["k"], t["v"], k_ref, v_ref, case.start)
+        expected = per_sequence.append_and_attend(t["q"], t["k"], t["v"], k_ref, v_ref, case.start)
         got = call_learner(append_and_attend, "append_and_attend", str(case), t["q"], t["k"], t["v"],
                            t["k_cache"], t["v_cache"], case.start)
         _check_cache("append_and_attend", case, t["k_cache"], before[0], t["k"], "k_cache")
@@ -125,9 +125,9 @@ def check_append_and_attend(append_and_attend: Callable) -> None:
         k_seen, v_seen = k_ref[:case.end], v_ref[:case.end]
         mistakes = {
             "it attends over this step's new keys only, not the cache: the queries must also see the "
-            "start positions cached before": reference.attend(t["q"], t["k"], t["v"], q_start=0),
+            "start positions cached before": per_sequence.attend(t["q"], t["k"], t["v"], q_start=0),
             "it passes q_start=0 to attend: the queries sit at positions start .. start+n-1, after "
-            "the cached tokens": reference.attend(t["q"], k_seen, v_seen, q_start=0),
+            "the cached tokens": per_sequence.attend(t["q"], k_seen, v_seen, q_start=0),
             **_attention_mistakes(t["q"], k_seen, v_seen, case.start),
         }
         raise CheckFailed(_attention_message("append_and_attend", case, got, expected, mistakes)
@@ -141,7 +141,7 @@ def check_engine(append_and_attend: Callable, llm: LLM) -> None:
     if not isinstance(backend, ContiguousAttention):
         raise CheckFailed(f"this check plugs your function into the contiguous KV cache, but the LLM uses "
                           f"{backend.name!r}: create it with LLM(model, kv_cache='contiguous')")
-    compared = check_generation(llm, backend, "cache_attention", reference.append_and_attend,
+    compared = check_generation(llm, backend, "cache_attention", per_sequence.append_and_attend,
                                 append_and_attend, "append_and_attend")
     print(f"check_engine passed: with your append_and_attend in the engine, {compared}")
 
@@ -154,7 +154,7 @@ def _check_attend(attend: Callable, cases: tuple[Case, ...], seed: int = 0) -> N
             k = torch.cat([t["k_cache"][:case.start], k])
             v = torch.cat([t["v_cache"][:case.start], v])
         inputs = (f"{case}; q {shape(t['q'])}, k and v {shape(k)}, q_start={case.start}")
-        expected = reference.attend(t["q"], k, v, q_start=case.start)
+        expected = per_sequence.attend(t["q"], k, v, q_start=case.start)
         got = check_tensor(call_learner(attend, "attend", inputs, t["q"].clone(), k.clone(), v.clone(),
                                         case.start), expected, "attend", inputs,
                            nan_hint="a softmax row is all -inf: every query must see its own key (mask "

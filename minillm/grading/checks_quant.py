@@ -15,10 +15,11 @@ import torch
 
 from minillm.grading.engine_check import check_generation
 from minillm.grading.feedback import CheckFailed, call_learner, shape
+from minillm.kernels.ops import load_ops
 from minillm.layers.quant_linear import QuantLinear, decoder_linears
 from minillm.llm import LLM
 from minillm.models.loader import load_model
-from minillm.quant import int4, reference
+from minillm.quant import int4, matmul_reference
 
 # (rows, inputs, group size, what is special about it)
 CASES = ((4, 64, 32, "two groups per row"),
@@ -198,14 +199,14 @@ def check_engine(quantize_int4: Callable, pack_int4: Callable, dequantize_int4: 
 
     # The reference run reads minillm's packed weights; the learner's run, in the same layers, theirs.
     # Both on the PyTorch matmul, the one that calls dequantize_int4 (a GPU would pick Triton's).
-    kernels = {name: layer.kernel for name, layer in layers.items()}
+    engine_ops = {name: layer.ops for name, layer in layers.items()}
     try:
         for layer in layers.values():
-            layer.kernel = "torch"
-        compared = check_generation(llm, reference, "dequantize_int4", int4.dequantize_int4, serve_yours,
+            layer.ops = load_ops("torch")
+        compared = check_generation(llm, matmul_reference, "dequantize_int4", int4.dequantize_int4, serve_yours,
                                     "dequantize_int4")
     finally:
         for name, layer in layers.items():
-            layer.kernel = kernels[name]
+            layer.ops = engine_ops[name]
     print(f"check_engine passed: {len(layers)} layers quantized and packed by your functions, your "
           f"dequantize_int4 in every forward pass; {compared}")

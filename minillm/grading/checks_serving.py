@@ -6,6 +6,8 @@ replays a fixed workload of short chat turns and long prompts through the real e
 clock (bench/virtual_clock.py), with first-come-first-served's full budget and then with the
 learner's, and compares goodput against the SLO. Part 3 puts the rule into a real server under a
 burst of concurrent requests: every request must come back, with the text plain decoding gives.
+The rule goes into an engine as the token budget of its scheduling policy (the engine argument
+`scheduling_policy`); the engine it is compared with keeps the default one.
 """
 
 from __future__ import annotations
@@ -15,8 +17,9 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from minillm.bench.virtual_clock import StepCost, replay, summarize, with_token_budget, workload
+from minillm.bench.virtual_clock import StepCost, replay, summarize, workload
 from minillm.config.engine import SchedulerConfig
+from minillm.engine.policy import SchedulingPolicy
 from minillm.engine.scheduler import Scheduler
 from minillm.grading.feedback import CheckFailed, call_learner
 from minillm.llm import LLM
@@ -110,6 +113,12 @@ def check_token_budget(token_budget: Callable[[Scheduler, StepCost, float], int]
     print(f"check_token_budget passed: {len(cases())} scheduler states, each with the budget the rule gives")
 
 
+def _policy(token_budget: Callable[[Scheduler, StepCost, float], int], caller: str) -> SchedulingPolicy:
+    """The learner's rule, at COST and TPOT_SLO, as the budget of an engine's scheduling policy."""
+    return SchedulingPolicy(token_budget=lambda scheduler: call_learner(
+        token_budget, "token_budget", f"a call from the {caller}", scheduler, COST, TPOT_SLO))
+
+
 def goodput_workload(llm: LLM):
     """Short chat turns and long prompts arriving at 30 per second for 0.8 s: 23 requests."""
     from minillm.eval.heldout import eval_token_ids
@@ -119,18 +128,16 @@ def goodput_workload(llm: LLM):
 
 
 def check_goodput(token_budget: Callable[[Scheduler, StepCost, float], int], llm: LLM) -> dict:
-    """Your rule against first come, first served with the whole budget, on the same workload and
-    virtual clock; returns both rows (for a table)."""
+    """Your rule against first come, first served with the whole budget (llm, an engine of ENGINE's
+    settings), on the same workload and virtual clock; returns both rows (for a table)."""
     requests = goodput_workload(llm)
     engine = llm.llm_engine
+    yours = LLM(engine.model_name, device=engine.device, **ENGINE, scheduling_policy=_policy(token_budget, "engine"))
     try:  # the learner's first: a rule that stalls the engine is told so without waiting for the baseline
-        mine = summarize(replay(with_token_budget(engine, lambda s: call_learner(
-            token_budget, "token_budget", "a call from the engine", s, COST, TPOT_SLO)), requests, COST), SLO)
-        fcfs = summarize(replay(with_token_budget(engine, None), requests, COST), SLO)
+        mine = summarize(replay(yours.llm_engine, requests, COST), SLO)
+        fcfs = summarize(replay(engine, requests, COST), SLO)
     except RuntimeError as e:
         raise CheckFailed(f"with your token_budget, {e}\n  the rule: {RULE}") from None
-    finally:
-        with_token_budget(engine, None)
     if mine["completed"] != mine["requests"]:
         raise CheckFailed(f"with your token_budget only {mine['completed']} of {mine['requests']} requests finished")
     if mine["slo_attained"] < fcfs["slo_attained"] + 0.1:
@@ -169,10 +176,8 @@ def check_server(token_budget: Callable[[Scheduler, StepCost, float], int], mode
         with ThreadPoolExecutor(len(prompts)) as pool:
             return list(pool.map(send, prompts, lengths))
 
-    with BackgroundServer(model, device=device, **ENGINE) as server:
+    with BackgroundServer(model, device=device, **ENGINE, scheduling_policy=_policy(token_budget, "server")) as server:
         engine = server.engine.llm_engine
-        with_token_budget(engine, lambda s: call_learner(token_budget, "token_budget", "a call from the server",
-                                                         s, COST, TPOT_SLO))
         try:
             got = burst(server.base_url)
         except openai.APIError as e:

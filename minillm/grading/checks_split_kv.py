@@ -18,8 +18,8 @@ import torch
 
 from minillm.grading.engine_check import check_generation
 from minillm.grading.feedback import CheckFailed, call_learner, shape
+from minillm.kernels.attention_reference import paged_decode_attention_ref, paged_decode_partitions_ref
 from minillm.kernels.random_inputs import paged_batch
-from minillm.kernels.reference import paged_decode_attention_ref, paged_decode_partitions_ref
 from minillm.llm import LLM
 
 TOLERANCE = 1e-4  # relative to the largest output of a sequence, fp32

@@ -1,21 +1,40 @@
 """Which kernels run, and their functions: "torch" (the PyTorch references) or "triton".
 
-One choice covers both users of kernels, paged attention and the quantized matmuls, so an engine
-never runs Triton attention beside PyTorch matmuls by accident. It is made from the engine's
-`attention_backend` argument (vLLM's name, kept although it now picks more than attention).
+An engine chooses once, from its `attention_backend` argument (vLLM's name, kept although it now picks
+more than attention), and every layer that has a kernel (attention, the quantized matmuls, RMSNorm,
+rotary embedding, SiLU-and-mul) calls its op from that one `KernelOps`, so an engine never runs
+Triton attention beside PyTorch matmuls by accident. A layer without a Triton kernel yet runs its
+reference under both names.
 """
 
 from __future__ import annotations
 
 import os
-from types import SimpleNamespace
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
 from minillm.config.engine import KERNEL_CHOICES, KERNELS
-from minillm.kernels import reference
-from minillm.quant.reference import int4_matmul_ref, int8_matmul_ref
+from minillm.kernels import attention_reference, layer_reference
+from minillm.quant.matmul_reference import int4_matmul_ref, int8_matmul_ref
 from minillm.utils.device import triton_status
+
+
+@dataclass
+class KernelOps:
+    """One engine's kernel functions, each with its reference's signature. Mutable on purpose: an
+    exercise replaces one op of one engine, and no other engine sees it."""
+
+    kernel: str  # "torch" or "triton"
+    store_kvcache: Callable
+    paged_decode_attention: Callable
+    paged_prefill_attention: Callable
+    int8_matmul: Callable
+    int4_matmul: Callable
+    rms_norm: Callable
+    rotary_embedding: Callable
+    silu_and_mul: Callable
 
 
 def resolve_kernel(name: str, device: torch.device, block_size: int) -> str:
@@ -43,12 +62,17 @@ def resolve_kernel(name: str, device: torch.device, block_size: int) -> str:
     return name
 
 
-def load_ops(kernel: str) -> SimpleNamespace:
-    """store_kvcache, paged_decode_attention, paged_prefill_attention, int8_matmul and int4_matmul of
-    `kernel`, each with its reference's signature. A new namespace every call: an exercise replaces
-    one op of one attention backend, and no other backend or layer sees it."""
+def load_ops(kernel: str = "torch") -> KernelOps:
+    """The ops of `kernel`: a new KernelOps every call, so that replacing an op in one engine's (or one
+    layer's) changes nothing anywhere else."""
     if kernel not in KERNELS:
         raise ValueError(f"the kernel must be one of {KERNELS}, got {kernel!r}")
+    ops = KernelOps(kernel, store_kvcache=attention_reference.store_kvcache_ref,
+                    paged_decode_attention=attention_reference.paged_decode_attention_ref,
+                    paged_prefill_attention=attention_reference.paged_prefill_attention_ref,
+                    int8_matmul=int8_matmul_ref, int4_matmul=int4_matmul_ref,
+                    rms_norm=layer_reference.rms_norm_ref, rotary_embedding=layer_reference.rotary_embedding_ref,
+                    silu_and_mul=layer_reference.silu_and_mul_ref)
     if kernel == "triton":
         # Imported here: the kernel modules need triton, which the torch path never does.
         from minillm.kernels.paged_decode import paged_decode_attention
@@ -56,10 +80,6 @@ def load_ops(kernel: str) -> SimpleNamespace:
         from minillm.kernels.quant_matmul import int4_matmul, int8_matmul
         from minillm.kernels.store_kv import store_kvcache
 
-        return SimpleNamespace(store_kvcache=store_kvcache, paged_decode_attention=paged_decode_attention,
-                               paged_prefill_attention=paged_prefill_attention, int8_matmul=int8_matmul,
-                               int4_matmul=int4_matmul)
-    return SimpleNamespace(store_kvcache=reference.store_kvcache_ref,
-                           paged_decode_attention=reference.paged_decode_attention_ref,
-                           paged_prefill_attention=reference.paged_prefill_attention_ref,
-                           int8_matmul=int8_matmul_ref, int4_matmul=int4_matmul_ref)
+        ops.store_kvcache, ops.int8_matmul, ops.int4_matmul = store_kvcache, int8_matmul, int4_matmul
+        ops.paged_decode_attention, ops.paged_prefill_attention = paged_decode_attention, paged_prefill_attention
+    return ops

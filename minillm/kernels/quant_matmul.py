@@ -1,5 +1,5 @@
 """Matmul with weight-only-quantized weights, in Triton: y = x @ dequant(W).T (+ bias), for the int8
-and int4 layouts of `minillm.quant` (references: `minillm.quant.reference`).
+and int4 layouts of `minillm.quant` (references: `minillm.quant.matmul_reference`).
 
 Why dequantize inside the loop: at decode a linear layer does two flops per weight per row and reads
 every weight once per step, so its time is the time it takes to read the weights. The reference

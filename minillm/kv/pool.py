@@ -5,7 +5,7 @@ everything up front is what makes paging cheap: a sequence that grows takes a bl
 and no tensor is ever allocated, copied or freed while serving.
 
 With kv_cache_dtype="int8" the pool holds K and V quantized: symmetric int8, one fp32 scale per
-(token, kv head) kept beside the values (kernels/reference.py has the formula). A token then takes
+(token, kv head) kept beside the values (kernels/attention_reference.py has the formula). A token then takes
 head_dim + 4 bytes per layer, K or V, and kv head instead of 2 * head_dim in fp16: about half.
 """
 

@@ -1,35 +1,29 @@
 """A linear layer whose weight is stored quantized, and the swap that quantizes a model's decoder.
 
-The layer's `kernel` picks its matmul: "torch", the reference (`minillm.quant.reference`: dequantize
-the whole weight, then matmul; exact, but it reads and writes a full-precision copy of the weight
-every call), or "triton" (`minillm.kernels.quant_matmul`), which dequantizes tiles in registers
-inside the matmul instead.
+The layer's matmul is its ops' (`kernel` says which): "torch", the reference
+(`minillm.quant.matmul_reference`: dequantize the whole weight, then matmul; exact, but it reads and writes
+a full-precision copy of the weight every call), or "triton" (`minillm.kernels.quant_matmul`), which
+dequantizes tiles in registers inside the matmul instead.
 """
 
 from __future__ import annotations
 
-import functools
-
 import torch
 from torch import nn
 
-from minillm.kernels.ops import load_ops
+from minillm.kernels.ops import KernelOps
+from minillm.layers.custom_op import CustomOp
+from minillm.layers.linear import default_weight_loader, load_output_shard
 from minillm.quant import INT4_GROUP_SIZES, QUANTIZATION_METHODS
 from minillm.quant.int4 import quantize_int4
 from minillm.quant.int8 import quantize_int8
 
-# Shared and read-only here, unlike the namespace an attention backend holds: forward looks its ops up
-# every call, as a layer's kernel may be changed after it is built.
-_matmul_ops = functools.cache(load_ops)
 
-
-class QuantLinear(nn.Module):
-    def __init__(self, linear: nn.Linear, method: str, group_size: int, kernel: str = "torch") -> None:
-        super().__init__()
-        _matmul_ops(kernel)  # a bad name fails here, not at the first forward
+class QuantLinear(CustomOp):
+    def __init__(self, linear: nn.Linear, method: str, group_size: int, ops: KernelOps | None = None) -> None:
+        super().__init__(ops)
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.method, self.group_size = method, group_size
-        self.kernel = kernel  # "torch" or "triton"; may be changed later
         if hasattr(linear, "output_sizes"):
             self.output_sizes = linear.output_sizes  # the attention and MLP split the output by it
         weight = linear.weight.detach()
@@ -43,11 +37,17 @@ class QuantLinear(nn.Module):
         self.register_buffer("scales", scales)
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().clone())
 
+    def weight_loader(self, param: torch.Tensor, loaded: torch.Tensor, shard_id: int | None) -> None:
+        """A quantized checkpoint's packed weights, scales and zero points, into their rows."""
+        if hasattr(self, "output_sizes"):
+            load_output_shard(self.output_sizes, param, loaded, shard_id)
+        else:
+            default_weight_loader(param, loaded)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        ops = _matmul_ops(self.kernel)
         if self.method == "int8":
-            return ops.int8_matmul(x, self.qweight, self.scales, self.bias)
-        return ops.int4_matmul(x, self.qweight, self.scales, self.zeros, self.group_size, self.bias)
+            return self.ops.int8_matmul(x, self.qweight, self.scales, self.bias)
+        return self.ops.int4_matmul(x, self.qweight, self.scales, self.zeros, self.group_size, self.bias)
 
     def extra_repr(self) -> str:
         group = f", group_size={self.group_size}" if self.method == "int4" else ""
@@ -61,14 +61,15 @@ def decoder_linears(model: nn.Module) -> list[tuple[str, nn.Module]]:
             if isinstance(module, (nn.Linear, QuantLinear)) and ".layers." in f".{name}"]
 
 
-def quantize_model(model: nn.Module, method: str, group_size: int = 128, kernel: str = "torch") -> nn.Module:
-    """Replace every linear layer of the decoder layers by a QuantLinear whose matmul runs on
-    `kernel` ("torch" or "triton"); embeddings and the output head keep the model dtype."""
+def quantize_model(model: nn.Module, method: str, group_size: int = 128, ops: KernelOps | None = None) -> nn.Module:
+    """Replace every linear layer of the decoder layers by a QuantLinear whose matmul is ops' (the
+    model's own where it has them, else the references); embeddings and the output head keep the
+    model dtype."""
     if method not in QUANTIZATION_METHODS:
         raise ValueError(f"quantization must be one of {QUANTIZATION_METHODS} or None, got {method!r}")
     if method == "int4" and group_size not in INT4_GROUP_SIZES:
         raise ValueError(f"quant_group_size must be one of {INT4_GROUP_SIZES} for int4, got {group_size!r}")
-    _matmul_ops(kernel)
+    ops = ops or getattr(model, "ops", None)
     targets = [(name, module) for name, module in decoder_linears(model) if isinstance(module, nn.Linear)]
     if method == "int4":
         for name, module in targets:
@@ -77,7 +78,7 @@ def quantize_model(model: nn.Module, method: str, group_size: int = 128, kernel:
                                  f"dimension {module.in_features} is not a multiple of {group_size}")
     for name, module in targets:
         parent_name, _, child = name.rpartition(".")
-        setattr(model.get_submodule(parent_name), child, QuantLinear(module, method, group_size, kernel))
+        setattr(model.get_submodule(parent_name), child, QuantLinear(module, method, group_size, ops))
     return model
 
 

@@ -11,6 +11,9 @@ import math
 
 import torch
 
+from minillm.kernels.ops import KernelOps
+from minillm.layers.custom_op import CustomOp
+
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict) -> torch.Tensor:
     # Built on the CPU explicitly: models are constructed under torch.device("meta").
@@ -38,10 +41,12 @@ def _llama3_scaling(inv_freq: torch.Tensor, s: dict) -> torch.Tensor:
     return torch.where(in_band, blended, scaled)
 
 
-class RotaryEmbedding:
-    """Computes cos/sin for a batch of positions once per forward pass; every layer reuses them."""
+class RotaryEmbedding(CustomOp):
+    """cos/sin for a batch of positions, computed once per forward pass and reused by every layer;
+    `forward` rotates a layer's queries and keys with them."""
 
-    def __init__(self, head_dim: int, theta: float, scaling: dict) -> None:
+    def __init__(self, head_dim: int, theta: float, scaling: dict, ops: KernelOps | None = None) -> None:
+        super().__init__(ops)
         self.inv_freq = rope_inv_freq(head_dim, theta, scaling)
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -51,9 +56,7 @@ class RotaryEmbedding:
         emb = torch.cat((freqs, freqs), dim=-1)
         return emb.cos().to(dtype), emb.sin().to(dtype)
 
-
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [tokens, heads, head_dim]; cos/sin: [tokens, head_dim]."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos[:, None, :] + rotated * sin[:, None, :]
+    def forward(self, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
+                sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """q [tokens, heads, head_dim], k [tokens, kv_heads, head_dim]; cos/sin from cos_sin."""
+        return self.ops.rotary_embedding(q, k, cos, sin)

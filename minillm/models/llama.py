@@ -7,23 +7,21 @@ it may attend to, is the attention backend's business (`attn`), not the model's.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from minillm.config.model import ModelConfig
+from minillm.kernels.ops import KernelOps, load_ops
+from minillm.layers.activation import SiluAndMul
 from minillm.layers.linear import MergedLinear
 from minillm.layers.norm import RMSNorm
-from minillm.layers.rotary import RotaryEmbedding, apply_rotary
-
-# attn(layer_idx, q, k, v) -> out, with q: [tokens, heads, head_dim], k/v: [tokens, kv_heads, head_dim]
-AttentionFn = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+from minillm.layers.rotary import RotaryEmbedding
+from minillm.models.interface import AttentionFn
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, config: ModelConfig, layer_idx: int) -> None:
+    def __init__(self, config: ModelConfig, layer_idx: int, ops: KernelOps) -> None:
         super().__init__()
         self.layer_idx = layer_idx
         self.num_heads = config.num_attention_heads
@@ -33,74 +31,78 @@ class LlamaAttention(nn.Module):
                                                           self.num_kv_heads * d], bias=config.qkv_bias)
         self.o_proj = nn.Linear(self.num_heads * d, config.hidden_size, bias=config.o_bias)
         if config.qk_norm:  # Qwen3 normalises each head's query and key before RoPE
-            self.q_norm = RMSNorm(d, config.rms_norm_eps)
-            self.k_norm = RMSNorm(d, config.rms_norm_eps)
+            self.q_norm = RMSNorm(d, config.rms_norm_eps, ops)
+            self.k_norm = RMSNorm(d, config.rms_norm_eps, ops)
         self.qk_norm = config.qk_norm
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: AttentionFn) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rotary: RotaryEmbedding, cos: torch.Tensor, sin: torch.Tensor,
+                attn: AttentionFn) -> torch.Tensor:
         q, k, v = self.qkv_proj(x).split(self.qkv_proj.output_sizes, dim=-1)
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        q, k = rotary(q, k, cos, sin)
         out = attn(self.layer_idx, q, k, v)
         return self.o_proj(out.reshape(-1, self.num_heads * self.head_dim))
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, ops: KernelOps) -> None:
         super().__init__()
         inter = config.intermediate_size
         self.gate_up_proj = MergedLinear(config.hidden_size, [inter, inter], bias=config.mlp_bias)
+        self.act_fn = SiluAndMul(ops)
         self.down_proj = nn.Linear(inter, config.hidden_size, bias=config.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, layer_idx: int) -> None:
+    def __init__(self, config: ModelConfig, layer_idx: int, ops: KernelOps) -> None:
         super().__init__()
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = LlamaAttention(config, layer_idx)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = LlamaMLP(config)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
+        self.self_attn = LlamaAttention(config, layer_idx, ops)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
+        self.mlp = LlamaMLP(config, ops)
 
-    def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: AttentionFn) -> torch.Tensor:
-        h = h + self.self_attn(self.input_layernorm(h), cos, sin, attn)
+    def forward(self, h: torch.Tensor, rotary: RotaryEmbedding, cos: torch.Tensor, sin: torch.Tensor,
+                attn: AttentionFn) -> torch.Tensor:
+        h = h + self.self_attn(self.input_layernorm(h), rotary, cos, sin, attn)
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, ops: KernelOps) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(config, i) for i in range(config.num_hidden_layers))
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta, config.rope_scaling)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(config, i, ops) for i in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
+        self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta, config.rope_scaling, ops)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionFn) -> torch.Tensor:
         h = self.embed_tokens(input_ids)
         cos, sin = self.rotary.cos_sin(positions, h.dtype)
         for layer in self.layers:
-            h = layer(h, cos, sin, attn)
+            h = layer(h, self.rotary, cos, sin, attn)
         return self.norm(h)
 
 
 class LlamaForCausalLM(nn.Module):
-    # Checkpoint tensor name -> (our merged module, shard index); see loader.py.
+    # Checkpoint tensor name -> (our merged module, shard index); see loader.py and models/interface.py.
     packed_modules_mapping = {
         "q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
         "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1),
     }
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, ops: KernelOps | None = None) -> None:
+        """ops: the engine's kernels, which every layer with a kernel calls (the references without)."""
         super().__init__()
         self.config = config
-        self.model = LlamaModel(config)
+        self.ops = ops = ops if ops is not None else load_ops("torch")
+        self.model = LlamaModel(config, ops)
         self.lm_head = None if config.tie_word_embeddings else nn.Linear(
             config.hidden_size, config.vocab_size, bias=False)
 

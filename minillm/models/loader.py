@@ -14,9 +14,10 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from minillm.config.model import ModelConfig
-from minillm.layers.linear import shard_range
+from minillm.kernels.ops import KernelOps
+from minillm.layers.linear import default_weight_loader
 from minillm.layers.quant_linear import QuantLinear, quantize_model
-from minillm.models.llama import LlamaForCausalLM
+from minillm.models.interface import CausalLM
 from minillm.models.registry import model_class
 
 ASSETS = Path(__file__).parents[1] / "assets"
@@ -69,29 +70,28 @@ def weight_files(path: Path) -> list[Path]:
 
 
 def load_model(path: Path, config: ModelConfig, dtype: torch.dtype, device: torch.device,
-               quant_kernel: str = "torch") -> LlamaForCausalLM:
-    """quant_kernel: the matmul of a quantized checkpoint's layers ("torch" or "triton")."""
+               ops: KernelOps | None = None) -> CausalLM:
+    """ops: the engine's kernels, which the model's layers call (the PyTorch references without)."""
     # Built on the meta device (no memory, no random init), then allocated once on the target device.
     with torch.device("meta"):
-        model = model_class(config.architecture)(config).to(dtype)
+        model = model_class(config.architecture)(config, ops).to(dtype)
         if config.quantization is not None:  # a quantized checkpoint: its layers take packed weights
-            quantize_model(model, config.quantization, config.quant_group_size or 128, quant_kernel)
+            quantize_model(model, config.quantization, config.quant_group_size or 128)
     model.to_empty(device=device)
     _WeightLoader(model).load(weight_files(path))
     return model.eval().requires_grad_(False)
 
 
 class _WeightLoader:
-    def __init__(self, model: LlamaForCausalLM) -> None:
-        self.model = model
-        self.params = {name: t for module_name, module in model.named_modules()
-                       for name, t in _loadable(module_name, module)}
-        self.pending = {(name, shard) for name, module_param in self._expected() for shard in module_param}
+    """Each checkpoint tensor to its parameter, through the owning layer's `weight_loader` (see
+    layers/linear.py); the merged layers' shards are found by the model's packed_modules_mapping."""
 
-    def _expected(self):
-        for module_name, module in self.model.named_modules():
-            for full, _ in _loadable(module_name, module):
-                yield full, range(len(module.output_sizes)) if hasattr(module, "output_sizes") else [None]
+    def __init__(self, model: CausalLM) -> None:
+        self.model = model
+        self.params = {name: (module, t) for module_name, module in model.named_modules()
+                       for name, t in _loadable(module_name, module)}
+        self.pending = {(name, shard) for name, (module, _) in self.params.items()
+                        for shard in (range(len(module.output_sizes)) if hasattr(module, "output_sizes") else [None])}
 
     def load(self, files: list[Path]) -> None:
         for file in files:
@@ -122,19 +122,14 @@ class _WeightLoader:
             if f".{ckpt}." in name:
                 target, shard = name.replace(f".{ckpt}.", f".{merged}."), idx
                 break
-        param = self.params.get(target)
-        if param is None:
+        if target not in self.params:
             raise ValueError(f"unexpected tensor {name!r} in {file}: the "
                              f"{self.model.config.architecture} model has no such weight")
-        dest = param.data
-        if shard is not None:
-            module = self.model.get_submodule(target.rsplit(".", 1)[0])
-            start, end = shard_range(module.output_sizes, shard)
-            dest = dest[start:end]
-        if tuple(tensor.shape) != tuple(dest.shape):
-            raise ValueError(f"tensor {name!r} in {file} has shape {tuple(tensor.shape)}, but config.json "
-                             f"implies {tuple(dest.shape)}")
-        dest.copy_(tensor)
+        module, param = self.params[target]
+        try:
+            getattr(module, "weight_loader", default_weight_loader)(param, tensor, shard)
+        except ValueError as e:
+            raise ValueError(f"tensor {name!r} in {file} {e}") from None
         self.pending.discard((target, shard))
 
 

@@ -5,7 +5,7 @@ The folder is the source model's, with `model.safetensors` replaced: the decoder
 hold `qweight`, `scales` (and, for int4, `zeros`) instead of `weight`, under the checkpoint's own
 names (q_proj, k_proj, ... split back out of minillm's merged layers: every quantized tensor has
 the output channels as its first dimension, so the split is the same row ranges as for weights).
-config.json gains a `quantization_config` saying how they were packed (see config.py).
+config.json gains a `quantization_config` saying how they were packed (see models/registry.py).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from safetensors.torch import save_file
 
 from minillm.layers.linear import shard_range
 from minillm.layers.quant_linear import QuantLinear
-from minillm.models.llama import LlamaForCausalLM
+from minillm.models.interface import CausalLM
 from minillm.models.loader import PICKLE_SUFFIXES
 
 # Replaced by what is written here (or, for pickle weights, never copied); every other file of the
@@ -28,7 +28,7 @@ _NOT_COPIED = ("*.safetensors", "model.safetensors.index.json", "config.json",
                *(f"*{suffix}" for suffix in PICKLE_SUFFIXES))
 
 
-def save_quantized(model: LlamaForCausalLM, source: str | Path, output_dir: str | Path) -> Path:
+def save_quantized(model: CausalLM, source: str | Path, output_dir: str | Path) -> Path:
     """Write `model`, loaded from the folder `source` and quantized (LLM(..., quantization=...) does
     both: pass `llm.llm_engine.model` and `llm.llm_engine.model_path`), to output_dir (created; must
     not hold a model already), in the dtype it runs in (`minillm quantize` loads it in the
@@ -58,7 +58,7 @@ def save_quantized(model: LlamaForCausalLM, source: str | Path, output_dir: str 
     return out
 
 
-def checkpoint_tensors(model: LlamaForCausalLM) -> dict[str, torch.Tensor]:
+def checkpoint_tensors(model: CausalLM) -> dict[str, torch.Tensor]:
     """The model's state under the checkpoint's tensor names, merged layers split back out."""
     split = {}
     for ckpt, (merged, index) in model.packed_modules_mapping.items():

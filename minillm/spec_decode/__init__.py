@@ -3,11 +3,13 @@ forward pass, and a rejection sampler keeps the longest prefix the target agrees
 token of the target's own. The output is the target's, exactly (greedy) or in distribution
 (sampling); only the number of target forward passes changes.
 
-- config.py: `SpeculativeConfig`, vLLM's `speculative_config` dict, validated;
 - proposal.py: what a proposer returns; proposers.py: the one an engine's config asks for;
 - ngram.py: prompt lookup, drafts copied from the sequence's own earlier tokens;
 - draft_model.py: a small model of the same vocabulary, batched, on its own paged KV pool;
-- rejection_sampler.py: Leviathan et al.'s accept / residual / bonus rule, vectorized over the batch;
 - acceptance.py: acceptance counted (drafts, tokens, accepted, per position), alpha and the formula;
 - chi_square.py: the test that sampled tokens follow the target's distribution.
+
+Its settings are `SpeculativeConfig` (minillm/config/speculative.py); the rejection sampler,
+Leviathan et al.'s accept / residual / bonus rule vectorized over the batch, is a sampler
+(minillm/sample/rejection_sampler.py).
 """

@@ -17,22 +17,23 @@ from __future__ import annotations
 
 import torch
 
+from minillm.attention.paged import PagedAttention
 from minillm.engine.input_buffers import InputBuffers
 from minillm.engine.model_input import build_model_input, compute_logits
-from minillm.kv.manager import KVCacheManager
-from minillm.models.llama import LlamaForCausalLM
+from minillm.models.interface import CausalLM
 from minillm.sample.sampler import SamplingMetadata, ban_tokens, per_row_random, sampling_probs
 from minillm.sequence import Sequence
 from minillm.spec_decode.proposal import Proposal
 
 
 class DraftModelProposer:
-    def __init__(self, model: LlamaForCausalLM, kv_cache_manager: KVCacheManager, buffers: InputBuffers,
+    def __init__(self, model: CausalLM, attn_backend: PagedAttention, buffers: InputBuffers,
                  generator: torch.Generator) -> None:
-        """kv_cache_manager: the draft's pool and attention over the target's block manager; buffers:
-        the runner's (the draft runs before the target in a step); generator: for unseeded requests."""
+        """attn_backend: over the draft's own pool, read through the target's block tables; buffers:
+        the runner's token ids and positions (the draft runs before the target in a step); generator:
+        for unseeded requests."""
         self.model = model
-        self.kv_cache_manager = kv_cache_manager
+        self.attn_backend = attn_backend
         self.buffers = buffers
         self.generator = generator
 
@@ -50,9 +51,8 @@ class DraftModelProposer:
             else:
                 starts = [s.num_draft_computed_tokens for s in batch]
                 feed = [[drafts[i][-1]] for i in active]
-            model_input = build_model_input(batch, starts, feed, [1] * len(batch), self.kv_cache_manager,
-                                            self.buffers)
-            logits = compute_logits(self.model, self.kv_cache_manager.attn_backend, model_input)
+            model_input = build_model_input(batch, starts, feed, [1] * len(batch), self.attn_backend, self.buffers)
+            logits = compute_logits(self.model, self.attn_backend, model_input)
             for s, start, ids in zip(batch, starts, feed):
                 s.num_draft_computed_tokens = start + len(ids)
             tokens, q = self._sample(logits, batch, j)

@@ -38,6 +38,14 @@ def test_bad_input_is_a_one_line_error_not_a_traceback():
     assert result.returncode == 2 and "unknown model 'no-such-model'" in result.stderr
 
 
+def test_serve_hands_the_scheduling_policy_to_the_engine():
+    """A name the engine does not know is refused by the engine itself, before the model loads."""
+    result = minillm("serve", "tiny", "--port", "0", "--scheduling-policy", "priority")
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert "minillm: error: scheduling_policy must be one of ('fcfs',)" in result.stderr
+    assert "got 'priority'" in result.stderr
+
+
 def test_env_reports_versions_and_triton():
     result = minillm("env", "--json")
     info = json.loads(result.stdout)

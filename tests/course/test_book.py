@@ -1,5 +1,6 @@
 """The chapters read as one book: one title style, a Colab-safe link to the next chapter, questions
-whose answers are in INSTRUCTORS.md (never in the learner's notebook), and a map that lists them."""
+whose answers are in ANSWERS.md (never in the learner's notebook), and a map that lists them. The long
+documents beside them open with a table of contents that lists their sections."""
 
 from __future__ import annotations
 
@@ -33,9 +34,9 @@ def questions(text: str) -> list[str]:
 
 
 def answers(number: str) -> list[str]:
-    text = (ROOT / "INSTRUCTORS.md").read_text()
+    text = (ROOT / "ANSWERS.md").read_text()
     match = re.search(rf"^### {number} · .*?$(.*?)(?=^### |^## |\Z)", text, re.M | re.S)
-    assert match, f"INSTRUCTORS.md has no '### {number} · ...' section of answers"
+    assert match, f"ANSWERS.md has no '### {number} · ...' section of answers"
     return re.findall(r"^(\d+)\. ", match[1], re.M)
 
 
@@ -44,10 +45,10 @@ def test_each_chapter_has_the_title_style_and_questions_answered_for_instructors
     title(path)
     text = markdown(path)
     assert "## Questions" in text, f"{path.name}: end with a '## Questions' section"
-    assert "<details>" not in text, f"{path.name}: answers belong in INSTRUCTORS.md, not in the learner's notebook"
+    assert "<details>" not in text, f"{path.name}: answers belong in ANSWERS.md, not in the learner's notebook"
     asked = questions(text)
     assert asked and asked == answers(path.name[:2]), (
-        f"{path.name}: questions {asked} but INSTRUCTORS.md answers {answers(path.name[:2])}")
+        f"{path.name}: questions {asked} but ANSWERS.md answers {answers(path.name[:2])}")
     relative = re.findall(r"\]\((?!https?://)[^)]*\.ipynb\)", text)
     assert not relative, f"{path.name}: relative notebook links break on Colab: {relative}"
 
@@ -63,3 +64,30 @@ def test_the_course_map_lists_every_chapter_in_order():
     places = [text.find(title(path)) for path in CHAPTERS]
     assert -1 not in places, f"notebooks/README.md lacks {[title(p) for p, i in zip(CHAPTERS, places) if i < 0]}"
     assert places == sorted(places)
+
+
+def anchor(heading: str) -> str:
+    """The anchor GitHub gives a heading: lower case, punctuation but - and _ dropped, spaces as hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
+
+
+def sections(text: str) -> list[str]:
+    """The '## ' headings, outside code blocks (where '## ' may open a shell comment)."""
+    found, in_code = [], False
+    for line in text.splitlines():
+        if line.lstrip().startswith("```"):
+            in_code = not in_code
+        elif not in_code and line.startswith("## "):
+            found.append(line[3:])
+    return found
+
+
+@pytest.mark.parametrize("name", ["BENCHMARKS.md", "INSTRUCTORS.md", "ANSWERS.md"])
+def test_each_long_document_opens_with_a_table_of_its_sections(name):
+    text = (ROOT / name).read_text()
+    before_first_section = text.split("\n## ", 1)[0]
+    listed = re.findall(r"^- \[(.+)\]\(#([^)]*)\)$", before_first_section, re.M)
+    expected = [(heading, anchor(heading)) for heading in sections(text)]
+    assert listed == expected, (f"{name}: the table of contents before the first section must list every '## ' "
+                                f"section, in order, as '- [Heading](#anchor)':\n"
+                                + "\n".join(f"- [{h}](#{a})" for h, a in expected))

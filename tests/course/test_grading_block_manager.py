@@ -8,7 +8,11 @@ from pathlib import Path
 import pytest
 
 from minillm import LLM
-from minillm.grading import checks_block_manager as checks
+from minillm.grading import checks_append_slots_and_free
+from minillm.grading.block_manager_replay import reference_append_slots
+from minillm.grading.checks_append_slots_and_free import check_append_slots, check_free
+from minillm.grading.checks_block_manager_engine import check_engine
+from minillm.grading.checks_prefix_lookup import check_allocate
 from minillm.grading.feedback import CheckFailed
 from minillm.grading.notebook import is_solution, read
 from minillm.kv.block_manager import BlockManager, hash_block
@@ -78,7 +82,7 @@ def allocate_with(mistake: str | None = None):
             hits.append(block_id)
             hashes.append(parent)
         if mistake == "appends fresh blocks first":
-            checks.reference_append_slots(blocks, seq, seq.num_tokens - len(hits) * size)
+            reference_append_slots(blocks, seq, seq.num_tokens - len(hits) * size)
         for block_id in hits:
             block = blocks.blocks[block_id]
             if block.ref_count == 0 and mistake != "leaves hits on the free list":
@@ -89,16 +93,16 @@ def allocate_with(mistake: str | None = None):
         seq.block_hashes = [] if mistake == "forgets block_hashes" else hashes
         seq.num_computed_tokens = len(hits) * (1 if mistake == "counts blocks, not tokens" else size)
         if mistake != "appends fresh blocks first":
-            checks.reference_append_slots(blocks, seq, seq.num_tokens)
+            reference_append_slots(blocks, seq, seq.num_tokens)
         return len(hits) * size
     return allocate
 
 
 def test_checks_pass_on_the_solution(solution, capsys):
-    checks.check_append_slots(solution["append_slots"])
-    checks.check_free(solution["free"])
-    checks.check_allocate(solution["allocate"])
-    checks.check_allocate(allocate_with(None))  # the template the mistakes below are made from is right
+    check_append_slots(solution["append_slots"])
+    check_free(solution["free"])
+    check_allocate(solution["allocate"])
+    check_allocate(allocate_with(None))  # the template the mistakes below are made from is right
     out = capsys.readouterr().out
     assert "check_append_slots passed" in out and "check_free passed" in out and "check_allocate passed" in out
 
@@ -112,7 +116,7 @@ def test_checks_pass_on_the_solution(solution, capsys):
 ])
 def test_checks_name_the_mistake(check, wrong, message):
     with pytest.raises(CheckFailed, match=message):
-        getattr(checks, check)(wrong)
+        getattr(checks_append_slots_and_free, check)(wrong)
 
 
 @pytest.mark.parametrize("mistake, message", [
@@ -131,7 +135,7 @@ def test_checks_name_the_mistake(check, wrong, message):
 ])
 def test_check_allocate_names_the_mistake(mistake, message):
     with pytest.raises(CheckFailed, match=message):
-        checks.check_allocate(allocate_with(mistake))
+        check_allocate(allocate_with(mistake))
 
 
 def test_check_allocate_refuses_the_stub():
@@ -139,7 +143,7 @@ def test_check_allocate_refuses_the_stub():
         raise NotImplementedError()
 
     with pytest.raises(CheckFailed, match="allocate is not implemented yet"):
-        checks.check_allocate(stub)
+        check_allocate(stub)
 
 
 @pytest.mark.slow
@@ -147,26 +151,26 @@ def test_engine_check_passes_the_solution_fails_wrong_ones_and_restores_the_pool
     llm = LLM("tiny", dtype="float32", block_size=4, num_kv_blocks=16, max_model_len=64)
     blocks = llm.llm_engine.block_manager
     mine = solution["append_slots"], solution["free"]
-    checks.check_engine(*mine, solution["allocate"], llm)
+    check_engine(*mine, solution["allocate"], llm)
     out = capsys.readouterr().out
     assert "check_engine passed" in out and " 0 prompt tokens came from the prefix cache" not in out
     with pytest.raises(CheckFailed, match="with your append_slots in the engine"):
-        checks.check_engine(take_without_evicting, solution["free"], solution["allocate"], llm)
+        check_engine(take_without_evicting, solution["free"], solution["allocate"], llm)
     # The engine's own methods are back, and the wrong run's stale prefix entries are gone.
     assert blocks.append_slots.__func__ is BlockManager.append_slots and blocks.free.__func__ is BlockManager.free
     assert blocks.num_free_blocks == blocks.num_blocks and not blocks.cached_block_ids
     # A hit left on the free list is handed out again as a fresh block, and overwritten.
     with pytest.raises(CheckFailed, match="with your allocate in the engine, greedy generation differs"):
-        checks.check_engine(*mine, allocate_with("leaves hits on the free list"), llm)
+        check_engine(*mine, allocate_with("leaves hits on the free list"), llm)
     assert blocks.allocate.__func__ is BlockManager.allocate and not blocks.cached_block_ids
     with pytest.raises(CheckFailed, match="blocks are still held: each hit adds exactly one reference"):
-        checks.check_engine(*mine, allocate_with("counts a hit twice"), llm)
+        check_engine(*mine, allocate_with("counts a hit twice"), llm)
 
     def no_lookup(blocks, seq):  # right tokens, but nothing ever comes from the cache
         seq.block_table, seq.block_hashes, seq.num_computed_tokens = [], [], 0
-        checks.reference_append_slots(blocks, seq, seq.num_tokens)
+        reference_append_slots(blocks, seq, seq.num_tokens)
         return 0
 
     with pytest.raises(CheckFailed, match="no prompt found a single block in the prefix cache"):
-        checks.check_engine(*mine, no_lookup, llm)
-    checks.check_engine(*mine, solution["allocate"], llm)
+        check_engine(*mine, no_lookup, llm)
+    check_engine(*mine, solution["allocate"], llm)

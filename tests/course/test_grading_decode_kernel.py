@@ -15,7 +15,7 @@ from minillm.grading import checks_decode_kernel as checks
 from minillm.grading import checks_split_kv
 from minillm.grading.feedback import CheckFailed
 from minillm.grading.notebook import is_solution, read
-from minillm.kernels import reference
+from minillm.kernels import attention_reference
 
 pytest.importorskip("triton")
 
@@ -84,7 +84,7 @@ def test_engine_check_passes_the_solution_fails_a_wrong_kernel_and_restores_the_
     assert "check_engine passed" in capsys.readouterr().out
     with pytest.raises(CheckFailed, match="with your paged_decode in the engine"):
         checks.check_engine(mutated(tmp_path, "* scale\n", "\n", "wrong"), llm)
-    assert ops.paged_decode_attention is own is reference.paged_decode_attention_ref
+    assert ops.paged_decode_attention is own is attention_reference.paged_decode_attention_ref
 
 
 def test_merge_check_passes_the_solution(capsys):
@@ -141,4 +141,4 @@ def test_merge_engine_check_passes_the_solution_fails_a_wrong_merge_and_restores
     assert "check_merge_engine passed" in capsys.readouterr().out
     with pytest.raises(CheckFailed, match="with your merge_partitions in the engine"):
         checks_split_kv.check_merge_engine(lambda part_out, lse: part_out.mean(2), llm)
-    assert ops.paged_decode_attention is reference.paged_decode_attention_ref
+    assert ops.paged_decode_attention is attention_reference.paged_decode_attention_ref

@@ -13,10 +13,11 @@ import torch
 from minillm import LLM
 from minillm.grading import checks_quant as checks
 from minillm.grading.feedback import CheckFailed
+from minillm.kernels.ops import load_ops
 from minillm.layers.quant_linear import QuantLinear
-from minillm.quant import int4, reference
+from minillm.quant import int4, matmul_reference
 
-ORIGINAL_DEQUANTIZE = reference.dequantize_int4
+ORIGINAL_DEQUANTIZE = matmul_reference.dequantize_int4
 
 
 # minillm's functions, as the exercise asks for them: quantize_int4 returns the levels unpacked.
@@ -177,25 +178,25 @@ def llm():
 def left_as_found(llm):
     """The check runs inside; afterwards the int4 model holds the same buffers, every layer its own
     kernel (alternate layers are set to "triton", so that a kernel left at "torch" shows; none runs
-    here), and minillm.quant.reference its own dequantize_int4."""
+    here), and minillm.quant.matmul_reference its own dequantize_int4."""
     engine = llm.llm_engine
     layers = [m for m in engine.model.modules() if isinstance(m, QuantLinear)]
-    assert layers and reference.dequantize_int4 is ORIGINAL_DEQUANTIZE
-    own = [m.kernel for m in layers]
-    kernels = ["triton" if i % 2 else kernel for i, kernel in enumerate(own)]
+    assert layers and matmul_reference.dequantize_int4 is ORIGINAL_DEQUANTIZE
+    own = [m.ops for m in layers]
+    kernels = [load_ops("triton") if i % 2 else ops for i, ops in enumerate(own)]
     buffers = [m.qweight for m in layers]
     state = {k: v.clone() for k, v in engine.model.state_dict().items()}
     free = engine.block_manager.num_free_blocks
-    for layer, kernel in zip(layers, kernels, strict=True):
-        layer.kernel = kernel
+    for layer, ops in zip(layers, kernels, strict=True):
+        layer.ops = ops
     try:
         yield
     finally:
-        after_kernels = [m.kernel for m in layers]
-        for layer, kernel in zip(layers, own, strict=True):
-            layer.kernel = kernel
-    assert after_kernels == kernels
-    assert reference.dequantize_int4 is ORIGINAL_DEQUANTIZE
+        after_kernels = [m.ops for m in layers]
+        for layer, ops in zip(layers, own, strict=True):
+            layer.ops = ops
+    assert all(after is ops for after, ops in zip(after_kernels, kernels, strict=True))
+    assert matmul_reference.dequantize_int4 is ORIGINAL_DEQUANTIZE
     assert all(m.qweight is b for m, b in zip(layers, buffers, strict=True))
     after = engine.model.state_dict()
     assert after.keys() == state.keys() and all(torch.equal(after[k], v) for k, v in state.items())

@@ -7,13 +7,11 @@ import pytest
 import torch
 
 from minillm.bench.decode import decode_step_bytes, step_flops, weight_bytes
-from minillm.grading import checks_roofline
-from minillm.grading.checks_roofline import (
-    check_decode_step_bytes,
-    check_engine,
-    check_plan_kv_blocks,
-    check_step_flops,
-)
+from minillm.grading import roofline_cases
+from minillm.grading.checks_decode_step_bytes import check_decode_step_bytes
+from minillm.grading.checks_kv_planner_engine import check_engine
+from minillm.grading.checks_plan_kv_blocks import check_plan_kv_blocks
+from minillm.grading.checks_step_flops import check_step_flops
 from minillm.grading.feedback import CheckFailed
 from minillm.kv.pool import kv_bytes_per_token, plan_kv_blocks
 from minillm.models.registry import model_class
@@ -77,7 +75,7 @@ def make_plan(kv_heads_from_attention=False, only_k=False, no_scales=False, ceil
 def test_the_references_count_what_the_loaded_modules_hold() -> None:
     """decode_step_bytes and step_flops from the config agree with weight_bytes on the model built from it
     (on the meta device: shapes, no memory), for every family flag; plan_kv_blocks fits the pool's bytes."""
-    for case in checks_roofline.cases(num_random=6):
+    for case in roofline_cases.cases(num_random=6):
         config = case.config
         with torch.device("meta"):
             model = model_class(config.architecture)(config).to(torch.bfloat16)
@@ -92,7 +90,7 @@ def test_the_references_count_what_the_loaded_modules_hold() -> None:
 
 
 def test_prefill_flops_are_the_sum_of_its_tokens_decodes() -> None:
-    config = checks_roofline.cases()[1].config
+    config = roofline_cases.cases()[1].config
     assert step_flops(config, 5, 0) == sum(step_flops(config, 1, p) for p in range(5))
     assert step_flops(config, 3, 7) == sum(step_flops(config, 1, 7 + p) for p in range(3))
 

@@ -1,6 +1,6 @@
 """Exercise 04's checks: they pass the solution, name common mistakes in the admission step and in
-the learner's own policy (shortest prompt first, with aging), and the engine checks leave the
-scheduler's own admission step in place."""
+the learner's own policy (shortest prompt first, with aging), and the engine checks hand the
+learner's function to the engine through its scheduling_policy argument."""
 
 from __future__ import annotations
 
@@ -9,8 +9,11 @@ from pathlib import Path
 import pytest
 
 from minillm import LLM
-from minillm.engine.scheduler import Scheduler
-from minillm.grading import checks_scheduler as checks
+from minillm.grading import checks_scheduler_engine
+from minillm.grading.checks_scheduler_admit import check_admit
+from minillm.grading.checks_scheduler_engine import check_engine, check_policy_engine
+from minillm.grading.checks_scheduler_policy import check_policy
+from minillm.grading.checks_scheduler_ttft import TTFT_GAIN, check_policy_ttft
 from minillm.grading.feedback import CheckFailed
 from minillm.grading.notebook import is_solution, read
 
@@ -57,8 +60,8 @@ def admit_with(take_tokens=None, limit_slots=True, stop_at_head=True, spend=True
 
 
 def test_checks_pass_on_the_solution_and_on_the_rules_restated(admit, capsys):
-    checks.check_admit(admit)
-    checks.check_admit(admit_with())
+    check_admit(admit)
+    check_admit(admit_with())
     assert capsys.readouterr().out.count("check_admit passed") == 2
 
 
@@ -73,19 +76,27 @@ def test_checks_pass_on_the_solution_and_on_the_rules_restated(admit, capsys):
         "admits-nothing"])
 def test_checks_name_the_mistake(wrong, message):
     with pytest.raises(CheckFailed, match=message):
-        checks.check_admit(wrong)
+        check_admit(wrong)
 
 
 @pytest.mark.slow
-def test_engine_check_passes_the_solution_fails_a_wrong_one_and_restores_the_scheduler(admit, capsys):
-    llm = LLM("tiny", dtype="float32", max_model_len=64, max_num_seqs=2, max_num_batched_tokens=16, num_kv_blocks=5)
-    scheduler = llm.llm_engine.scheduler
-    checks.check_engine(admit, llm)
+def test_engine_check_passes_the_solution_and_fails_a_wrong_one_given_as_the_scheduling_policy(admit, capsys,
+                                                                                                monkeypatch):
+    engines = []
+
+    def llm(*args, **engine_args) -> LLM:
+        engines.append((built := LLM(*args, **engine_args)).llm_engine)
+        return built
+
+    monkeypatch.setattr(checks_scheduler_engine, "LLM", llm)
+    check_engine(admit)
     assert "check_engine passed" in capsys.readouterr().out
+    (engine,) = engines
+    assert engine.scheduler.policy is engine.config.scheduler.scheduling_policy  # an engine argument,
+    assert not vars(engine.scheduler).keys() & {"admit", "token_budget"}  # nothing swapped on its scheduler
+    assert engine.block_manager.num_free_blocks == 5 and not engine.scheduler.has_unfinished_requests()
     with pytest.raises(CheckFailed, match="more than max_num_batched_tokens=16"):
-        checks.check_engine(admit_with(take_tokens=lambda seq: seq.num_tokens - seq.num_computed_tokens), llm)
-    assert scheduler.admit.__func__ is Scheduler.admit and not scheduler.has_unfinished_requests()
-    assert llm.llm_engine.block_manager.num_free_blocks == 5
+        check_engine(admit_with(take_tokens=lambda seq: seq.num_tokens - seq.num_computed_tokens))
 
 
 def policy_with(priority=lambda scheduler, seq: seq.num_tokens - 8 * scheduler.steps_waited(seq), spend=True,
@@ -118,8 +129,8 @@ def mutates_the_queue_while_iterating(scheduler, batch, budget):
 
 
 def test_policy_check_passes_the_solution_and_the_rules_restated(policy, capsys):
-    checks.check_policy(policy)
-    checks.check_policy(policy_with())
+    check_policy(policy)
+    check_policy(policy_with())
     assert capsys.readouterr().out.count("check_policy passed") == 2
 
 
@@ -137,38 +148,29 @@ def test_policy_check_passes_the_solution_and_the_rules_restated(policy, capsys)
         "no-slot-limit"])
 def test_policy_check_names_the_mistake(wrong, message):
     with pytest.raises(CheckFailed, match=message):
-        checks.check_policy(wrong)
+        check_policy(wrong)
 
 
 @pytest.mark.slow
-def test_policy_engine_check_passes_the_solution_and_restores_the_scheduler(policy, capsys):
-    llm = LLM("tiny", dtype="float32", max_model_len=64, max_num_seqs=2, max_num_batched_tokens=16, num_kv_blocks=5)
-    checks.check_policy_engine(policy, llm)
+def test_policy_engine_check_passes_the_solution_and_fails_a_wrong_one(policy, capsys):
+    check_policy_engine(policy)
     assert "check_policy_engine passed" in capsys.readouterr().out
     with pytest.raises(CheckFailed, match="sequences run, more than max_num_seqs=2"):
-        checks.check_policy_engine(policy_with(limit_slots=False), llm)
-    assert llm.llm_engine.scheduler.admit.__func__ is Scheduler.admit
-    assert llm.llm_engine.block_manager.num_free_blocks == 5
-
-
-@pytest.fixture(scope="module")
-def policy_llm():
-    return LLM("tiny", **checks.POLICY_ENGINE)
+        check_policy_engine(policy_with(limit_slots=False))
 
 
 @pytest.mark.slow
-def test_policy_ttft_check_passes_the_solution_on_the_virtual_clock(policy, policy_llm):
-    measured = checks.check_policy_ttft(policy, policy_llm)
+def test_policy_ttft_check_passes_the_solution_on_the_virtual_clock(policy):
+    measured = check_policy_ttft(policy)
     fcfs, mine = measured["rows"].values()
-    assert mine["ttft_p50_ms"] <= checks.TTFT_GAIN * fcfs["ttft_p50_ms"]
+    assert mine["ttft_p50_ms"] <= TTFT_GAIN * fcfs["ttft_p50_ms"]
     assert mine["completed"] == mine["requests"] == len(measured["requests"])
-    assert "admit" not in vars(policy_llm.llm_engine.scheduler)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("rate, message", [(2, "starves long prompts"), (64, "TTFT p50 is")],
                          ids=["aging-too-slow", "aging-so-fast-it-is-first-come-first-served"])
-def test_policy_ttft_check_names_an_aging_rate_out_of_balance(rate, message, policy_llm):
+def test_policy_ttft_check_names_an_aging_rate_out_of_balance(rate, message):
     aging = policy_with(priority=lambda scheduler, seq: seq.num_tokens - rate * scheduler.steps_waited(seq))
     with pytest.raises(CheckFailed, match=message):
-        checks.check_policy_ttft(aging, policy_llm)
+        check_policy_ttft(aging)

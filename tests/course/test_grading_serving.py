@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from minillm import LLM
+from minillm.engine.policy import max_token_budget
 from minillm.grading import checks_serving as checks
 from minillm.grading.feedback import CheckFailed
 from minillm.grading.notebook import is_solution, read
@@ -86,6 +87,9 @@ def test_each_usual_mistake_is_named(wrong, words):
 def test_goodput_beats_first_come_first_served_and_a_stall_is_caught(token_budget, llm, capsys):
     rows = checks.check_goodput(token_budget, llm)
     assert rows["token_budget"]["slo_attained"] == 1 and rows["fcfs"]["slo_attained"] < 0.9
+    # The rule went into an engine of its own as its scheduling policy; the baseline's kept the default.
+    assert llm.llm_engine.scheduler.policy.token_budget is max_token_budget
+    assert not vars(llm.llm_engine.scheduler).keys() & {"admit", "token_budget"}
     assert "check_goodput passed" in capsys.readouterr().out
     with pytest.raises(CheckFailed, match="clearly better"):
         checks.check_goodput(lambda s, cost, slo: s.max_num_batched_tokens, llm)

@@ -10,7 +10,9 @@ import pytest
 import torch
 
 from minillm import LLM
-from minillm.grading import checks_spec_decode as checks
+from minillm.grading.checks_greedy_accept import check_greedy_accept, greedy_cases
+from minillm.grading.checks_rejection_sampler_engine import check_engine
+from minillm.grading.checks_stochastic_accept import check_stochastic_accept, statistical_inputs, stochastic_cases
 from minillm.grading.feedback import CheckFailed
 from minillm.grading.notebook import is_solution, read
 from minillm.sample import rejection_sampler
@@ -32,15 +34,15 @@ def solution() -> dict:
 def test_checks_pass_the_solution_and_the_engines_rules(solution, capsys):
     for greedy, stochastic in ((solution["greedy_accept"], solution["stochastic_accept"]),
                                (rejection_sampler.greedy_accept, rejection_sampler.stochastic_accept)):
-        checks.check_greedy_accept(greedy)
-        checks.check_stochastic_accept(stochastic)
+        check_greedy_accept(greedy)
+        check_stochastic_accept(stochastic)
     out = capsys.readouterr().out
     assert out.count("check_greedy_accept passed") == 2 and out.count("check_stochastic_accept passed") == 2
 
 
 def test_the_hand_made_cases_hold_what_the_engines_rules_give():
-    for cases, rule in ((checks.greedy_cases(), rejection_sampler.greedy_accept),
-                        (checks.stochastic_cases(), rejection_sampler.stochastic_accept)):
+    for cases, rule in ((greedy_cases(), rejection_sampler.greedy_accept),
+                        (stochastic_cases(), rejection_sampler.stochastic_accept)):
         for case in cases:
             assert rule(*case.args).tolist() == case.expected, case.title
 
@@ -127,7 +129,7 @@ def not_implemented(*args):
         "zero-as-padding", "crashes-at-k0", "int32", "no-room-for-bonus", "in-place", "not-implemented"])
 def test_greedy_mistakes_are_named(wrong, message):
     with pytest.raises(CheckFailed, match=message):
-        checks.check_greedy_accept(wrong)
+        check_greedy_accept(wrong)
 
 
 def stochastic_with(accept=lambda u, p_x, q_x: u * q_x < p_x, stop_at_rejection=True, residual=True, bonus=True,
@@ -192,11 +194,11 @@ def stochastic_with(accept=lambda u, p_x, q_x: u * q_x < p_x, stop_at_rejection=
 def test_stochastic_mistakes_are_named(wrong, message):
     torch.manual_seed(0)  # the variants that draw their own random numbers
     with pytest.raises(CheckFailed, match=message):
-        checks.check_stochastic_accept(wrong)
+        check_stochastic_accept(wrong)
 
 
 def test_every_position_of_the_statistical_test_is_reached_often():
-    args, _ = checks.statistical_inputs()
+    args, _ = statistical_inputs()
     out = rejection_sampler.stochastic_accept(*args)
     reached = (out != PAD).sum(dim=0)
     assert reached.min() > 1000, reached
@@ -211,15 +213,15 @@ def llm() -> LLM:
 @pytest.mark.slow
 def test_engine_check_passes_the_solution_fails_wrong_rules_and_restores_the_sampler(solution, llm, capsys):
     sampler = llm.llm_engine.model_runner.rejection_sampler
-    checks.check_engine(solution["greedy_accept"], solution["stochastic_accept"], llm)
+    check_engine(solution["greedy_accept"], solution["stochastic_accept"], llm)
     assert "check_engine passed" in capsys.readouterr().out
     with pytest.raises(CheckFailed, match="greedy generation differs from the reference(?s:.*)hint: the reference is"):
-        checks.check_engine(greedy_keeps_the_draft_at_the_mismatch, solution["stochastic_accept"], llm)
+        check_engine(greedy_keeps_the_draft_at_the_mismatch, solution["stochastic_accept"], llm)
     # Drawing from p after a rejection is the subtlest wrong rule: the others move the distribution more.
     with pytest.raises(CheckFailed, match="sampled tokens are not distributed as the target's"):
-        checks.check_engine(solution["greedy_accept"], stochastic_with(residual=False), llm)
+        check_engine(solution["greedy_accept"], stochastic_with(residual=False), llm)
     with pytest.raises(CheckFailed, match="stochastic_accept returned dtype torch.int32"):
-        checks.check_engine(solution["greedy_accept"], lambda *a: solution["stochastic_accept"](*a).int(), llm)
+        check_engine(solution["greedy_accept"], lambda *a: solution["stochastic_accept"](*a).int(), llm)
     assert sampler.greedy_accept is RejectionSampler.greedy_accept is rejection_sampler.greedy_accept
     assert sampler.stochastic_accept is RejectionSampler.stochastic_accept is rejection_sampler.stochastic_accept
     assert not llm.llm_engine.has_unfinished_requests()
@@ -227,5 +229,5 @@ def test_engine_check_passes_the_solution_fails_wrong_rules_and_restores_the_sam
 
 def test_engine_check_refuses_an_engine_without_speculation():
     with pytest.raises(CheckFailed, match="does not speculate"):
-        checks.check_engine(rejection_sampler.greedy_accept, rejection_sampler.stochastic_accept,
-                            LLM("tiny", dtype="float32", max_model_len=64))
+        check_engine(rejection_sampler.greedy_accept, rejection_sampler.stochastic_accept,
+                     LLM("tiny", dtype="float32", max_model_len=64))

@@ -39,8 +39,8 @@ def course_copy(tmp_path: Path) -> Path:
         shutil.copytree(ROOT / folder, tmp_path / folder)
     for doc in ROOT.glob("*.md"):
         shutil.copy(doc, tmp_path)
-    (tmp_path / "minillm").mkdir()
-    shutil.copy(ROOT / "minillm" / "release.py", tmp_path / "minillm")
+    (tmp_path / "minillm" / "course").mkdir(parents=True)
+    shutil.copy(ROOT / "minillm" / "course" / "release.py", tmp_path / "minillm" / "course")
     return tmp_path
 
 
@@ -100,8 +100,8 @@ def test_release_points_every_file_at_a_fork(tmp_path):
 
     changed = release(root, FORK + ".git/", FORK_TAG)
     assert changed == would_change
-    assert set(changed) == {root / "minillm" / "release.py", *docs, *notebooks}
-    source = (root / "minillm" / "release.py").read_text()
+    assert set(changed) == {root / "minillm" / "course" / "release.py", *docs, *notebooks}
+    source = (root / "minillm" / "course" / "release.py").read_text()
     assert re.search(rf'^REPOSITORY = "{FORK}"$', source, re.M) and re.search(rf'^TAG = "{FORK_TAG}"$', source, re.M)
     for path in changed:
         text = path.read_text()
@@ -124,7 +124,8 @@ def test_release_refuses_what_a_setup_cell_could_not_install_from(tmp_path, url,
     root = course_copy(tmp_path)
     with pytest.raises(ValueError, match=error):
         release(root, url, tag)
-    assert (root / "minillm" / "release.py").read_bytes() == (ROOT / "minillm" / "release.py").read_bytes()
+    source = Path("minillm", "course", "release.py")
+    assert (root / source).read_bytes() == (ROOT / source).read_bytes()
 
 
 def test_the_command_reports_what_it_would_change(tmp_path, capsys):
@@ -132,7 +133,7 @@ def test_the_command_reports_what_it_would_change(tmp_path, capsys):
     cli.main(["course", "release", FORK, FORK_TAG, "--root", str(root), "--dry-run"])
     out = capsys.readouterr().out.splitlines()
     assert out == [f"would update {path}" for path in release(root, FORK, FORK_TAG, write_files=False)]
-    assert f"would update {root / 'minillm' / 'release.py'}" in out
+    assert f"would update {root / 'minillm' / 'course' / 'release.py'}" in out
     cli.main(["course", "sync", "--root", str(root)])
     assert capsys.readouterr().out == "nothing to change\n"
     with pytest.raises(SystemExit) as exit_:

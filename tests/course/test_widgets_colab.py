@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
 COLAB_WIDGETS = ROOT / ".venv-colab-widgets"
 COLAB_VERSIONS = {"ipywidgets": "7.7.1", "plotly": "5.24.1"}
 WIDGET_TESTS = ("test_widgets.py", "test_widget_block_pool.py", "test_widget_batch_slots.py",
@@ -28,7 +29,7 @@ import plotly.graph_objects as go
 found = {{"ipywidgets": ipywidgets.__version__, "plotly": plotly.__version__}}
 assert found == {COLAB_VERSIONS!r}, f"expected Colab's versions, found {{found}}"
 assert isinstance(go.FigureWidget(), ipywidgets.DOMWidget)
-sys.exit(pytest.main(["-q", "-p", "no:cacheprovider", *{[str(ROOT / "tests" / f) for f in WIDGET_TESTS]!r}]))
+sys.exit(pytest.main(["-q", "-p", "no:cacheprovider", *{[str(HERE / f) for f in WIDGET_TESTS]!r}]))
 """
 
 

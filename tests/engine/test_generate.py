@@ -1,14 +1,20 @@
 """LLM.generate / LLM.stream on the shipped model: stopping rules, logprobs, seeds, metrics,
-streaming, aborts, and bad input that is refused without disturbing the engine."""
+streaming, aborts, bad input that is refused without disturbing the engine, a scheduling policy of
+one's own, and the engine's step."""
 
 from __future__ import annotations
 
+import ast
+import inspect
 import json
 import shutil
+import textwrap
 
 import pytest
 
 from minillm import LLM, SamplingParams
+from minillm.engine.llm_engine import LLMEngine
+from minillm.engine.policy import SchedulingPolicy
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
 PROMPTS = ["def fib(n):", "import os\n", "class Stack:\n    def __init__(self):"]
@@ -176,6 +182,8 @@ def test_bad_engine_arguments_name_the_argument():
         LLM("tiny", max_model_len=4096)
     with pytest.raises(ValueError, match="dtype must be 'auto'"):
         LLM("tiny", dtype="float8")
+    with pytest.raises(ValueError, match=r"scheduling_policy must be one of \('fcfs',\) .*got 'priority'"):
+        LLM("tiny", scheduling_policy="priority")
     with pytest.raises(ValueError, match="sampling_params must be one SamplingParams or one per prompt"):
         LLM("tiny").generate(PROMPTS, [GREEDY], use_tqdm=False)
 
@@ -196,3 +204,36 @@ def test_generate_reports_a_request_aborted_from_outside(tiny_llm):
     finally:
         engine.step_listeners.clear()
     assert_engine_idle(tiny_llm)
+
+
+def test_a_scheduling_policy_of_ones_own_schedules_the_engine_and_changes_no_token(greedy_outputs):
+    budgets = []
+
+    def small_budget(scheduler) -> int:
+        budgets.append(scheduler.max_num_batched_tokens)
+        return 5  # prompts prefilled in chunks of a few tokens, beside the decodes
+
+    policy = SchedulingPolicy(token_budget=small_budget)
+    llm = LLM("tiny", scheduling_policy=policy)
+    assert llm.llm_engine.scheduler.policy is policy
+    outputs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outputs] == [o.outputs[0].token_ids for o in greedy_outputs]
+    assert len(budgets) == llm.llm_engine.num_steps > 24  # asked once a step, and steps were small
+    assert_engine_idle(llm)
+
+
+def test_each_step_hands_its_tokens_to_the_output_processor_once_and_then_to_the_scheduler(tiny_llm, monkeypatch):
+    engine = tiny_llm.llm_engine
+    calls = []
+    for owner, name in ((engine.output_processor, "process_outputs"), (engine.scheduler, "update")):
+        method = getattr(owner, name)
+        monkeypatch.setattr(owner, name, lambda *args, method=method, name=name: calls.append(name) or method(*args))
+    steps = engine.num_steps
+    tiny_llm.generate(PROMPTS, GREEDY, use_tqdm=False)
+    assert calls == ["process_outputs", "update"] * (engine.num_steps - steps) and calls
+
+
+def test_the_engine_step_reads_in_twelve_lines_at_most():
+    step = ast.parse(textwrap.dedent(inspect.getsource(LLMEngine.step))).body[0]
+    body = step.body[1:] if ast.get_docstring(step) else step.body
+    assert body[-1].end_lineno - body[0].lineno + 1 <= 12

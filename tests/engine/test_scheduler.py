@@ -1,38 +1,56 @@
 """The scheduler alone, driven by hypothesis through random workloads without a model: each step
-hands the scheduler what a model would have produced (a token where the batch samples) through
-`Scheduler.update`, requests are aborted at random, and the limits and guarantees are checked after
-every step."""
+hands what a model would have produced (a token where the batch samples) to the output processor
+and then to `Scheduler.update`, as the engine's step does; requests are aborted at random, and the
+limits and guarantees are checked after every step. Then the scheduling policy: by name, as an
+object, as a class, and refused with the argument named."""
 
 from __future__ import annotations
 
+import ast
+import inspect
+from types import SimpleNamespace
+
+import pytest
 import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from minillm.config.engine import SchedulerConfig
-from minillm.config.model import ModelConfig
+from minillm.config.engine import SCHEDULING_POLICIES, SchedulerConfig
+from minillm.engine import scheduler as scheduler_module
+from minillm.engine.output_processor import OutputProcessor
+from minillm.engine.policy import POLICIES, SchedulingPolicy
 from minillm.engine.runner_output import ModelRunnerOutput
 from minillm.engine.scheduler import ScheduledBatch, Scheduler
 from minillm.kv.block_manager import BlockManager
-from minillm.kv.contiguous import ContiguousKVCache
-from minillm.kv.manager import ContiguousKVCacheManager, PagedKVCacheManager
+from minillm.kv.cache_manager import ContiguousKVCacheManager, PagedKVCacheManager
+from minillm.kv.contiguous_cache import ContiguousKVCache
 from minillm.models.loader import resolve_model_path
+from minillm.models.registry import read_model_config
+from minillm.outputs import RequestOutput
 from minillm.sampling_params import SamplingParams
 from minillm.sequence import Sequence, SequenceStatus
 
 BLOCK_SIZE = 4
-TINY = ModelConfig.from_dir(resolve_model_path("tiny"))
+TINY = read_model_config(resolve_model_path("tiny"))
 
 requests = st.lists(st.tuples(st.integers(1, 40), st.integers(1, 12), st.integers(0, 3)), min_size=1, max_size=20)
 
 
-def paged_scheduler(max_num_seqs: int, budget: int, blocks: BlockManager) -> Scheduler:
-    return Scheduler(SchedulerConfig(max_num_seqs, budget), PagedKVCacheManager(blocks))
+def paged_scheduler(max_num_seqs: int, budget: int, blocks: BlockManager, policy: object = "fcfs") -> Scheduler:
+    return Scheduler(SchedulerConfig(max_num_seqs, budget, scheduling_policy=policy), PagedKVCacheManager(blocks))
 
 
 def produced(batch: ScheduledBatch, token: int = 0) -> ModelRunnerOutput:
     """What a model would hand back for the batch: one token where one is due."""
     return ModelRunnerOutput([[token] if sample else [] for sample in batch.do_sample])
+
+
+def finish_step(scheduler: Scheduler, batch: ScheduledBatch, output: ModelRunnerOutput) -> list[RequestOutput]:
+    """The rest of the engine's step: the output processor appends the tokens and decides the stops,
+    then the scheduler follows."""
+    outputs = OutputProcessor(None).process_outputs(batch.seqs, output)
+    scheduler.update(batch, output)
+    return outputs
 
 
 def run(scheduler: Scheduler, workload: list[tuple[int, int, int]], aborts: set[int],
@@ -60,7 +78,8 @@ def run(scheduler: Scheduler, workload: list[tuple[int, int, int]], aborts: set[
             assert n >= 1 and seq.num_computed_tokens + n <= seq.num_tokens
             if blocks is not None:
                 assert len(seq.block_table) * BLOCK_SIZE >= seq.num_computed_tokens + n
-        for seq in scheduler.update(batch, produced(batch)):
+        finish_step(scheduler, batch, produced(batch))
+        for seq in batch.seqs:
             if seq.is_finished:
                 assert seq.num_output_tokens == seq.params.max_tokens
                 finished[seq.request_id] = step
@@ -112,7 +131,7 @@ def test_decodes_go_first_and_prompts_fill_the_rest_in_chunks():
     batch = scheduler.schedule()  # short's whole prompt, then the first 7 tokens of long's
     assert [(s.request_id, n, d) for s, n, d in zip(batch.seqs, batch.num_new_tokens, batch.do_sample)] == [
         ("short", 3, True), ("long", 7, False)]
-    assert scheduler.update(batch, produced(batch, 9)) == [short]
+    assert [out.request_id for out in finish_step(scheduler, batch, produced(batch, 9))] == ["short"]
     assert (short.num_computed_tokens, long.num_computed_tokens, short.output_token_ids) == (3, 7, [9])
     batch = scheduler.schedule()  # short's decode first, then 9 more tokens of long
     assert list(zip([s.request_id for s in batch.seqs], batch.num_new_tokens)) == [("short", 1), ("long", 9)]
@@ -127,7 +146,7 @@ def test_steps_waited_counts_scheduled_steps_since_arrival_and_forgets_finished_
     batch = scheduler.schedule()
     scheduler.add_request(second)  # waits: one sequence at a time
     assert (scheduler.steps_waited(first), scheduler.steps_waited(second)) == (1, 0)
-    scheduler.update(batch, produced(batch))  # first generates its one token and finishes
+    finish_step(scheduler, batch, produced(batch))  # first generates its one token and finishes
     assert scheduler.schedule().seqs == [second] and scheduler.steps_waited(second) == 1
     assert "first" not in scheduler.arrival_steps
 
@@ -144,8 +163,8 @@ def test_update_takes_several_tokens_and_cuts_them_where_plain_decoding_stops():
     for seq in (stops, short, runs):
         scheduler.add_request(seq)
     batch = scheduler.schedule()
-    received = scheduler.update(batch, ModelRunnerOutput([[5, 7, 8], [6, 6, 6, 6, 6], [3, 3]]))
-    assert received == [stops, short, runs]
+    outputs = finish_step(scheduler, batch, ModelRunnerOutput([[5, 7, 8], [6, 6, 6, 6, 6], [3, 3]]))
+    assert [out.request_id for out in outputs] == ["stops", "short", "runs"]
     assert (stops.output_token_ids, stops.finish_reason, stops.stop_reason) == ([5, 7], "stop", 7)
     assert (short.output_token_ids, short.finish_reason) == ([6, 6, 6], "length")
     assert (runs.output_token_ids, runs.finish_reason, runs.num_computed_tokens) == ([3, 3], None, 2)
@@ -154,3 +173,67 @@ def test_update_takes_several_tokens_and_cuts_them_where_plain_decoding_stops():
     # block that runs' prompt and its two new tokens fill, as the new tokens' K/V are not computed yet.
     assert blocks.num_cached_blocks == 1 and len(runs.block_hashes) == 0
     assert blocks.num_free_blocks == blocks.num_blocks - len(runs.block_table)
+
+
+def shortest_first(scheduler: Scheduler, batch: ScheduledBatch, budget: int) -> None:
+    """Admission in another order than arrival: the shortest waiting prompt first."""
+    while scheduler.waiting and budget > 0 and not batch.preempted and len(scheduler.running) < scheduler.max_num_seqs:
+        seq = min(scheduler.waiting, key=lambda s: s.num_tokens)
+        if not scheduler.allocate(seq):
+            break
+        scheduler.waiting.remove(seq)
+        scheduler.running.append(seq)
+        budget -= batch.add(seq, scheduler.num_new_tokens(seq, budget))
+
+
+class ShortestFirst:
+    """A policy written as a class: the engine makes one without arguments."""
+
+    def admit(self, scheduler: Scheduler, batch: ScheduledBatch, budget: int) -> None:
+        shortest_first(scheduler, batch, budget)
+
+    def token_budget(self, scheduler: Scheduler) -> int:
+        return 4
+
+
+@pytest.mark.parametrize("policy, admitted, num_tokens", [
+    ("fcfs", ["long"], 8), (SchedulingPolicy(), ["long"], 8), (SchedulingPolicy(admit=shortest_first), ["short"], 3),
+    (SchedulingPolicy(token_budget=lambda scheduler: 5), ["long"], 5), (ShortestFirst, ["short"], 3),
+    (ShortestFirst(), ["short"], 3)], ids=["by-name", "default-object", "admit", "token-budget", "class", "instance"])
+def test_the_scheduling_policy_decides_admission_and_the_step_budget(policy, admitted, num_tokens):
+    scheduler = paged_scheduler(1, 8, BlockManager(16, BLOCK_SIZE), policy)
+    scheduler.add_request(Sequence("long", prompt_token_ids=list(range(20)), params=SamplingParams(max_tokens=2)))
+    scheduler.add_request(Sequence("short", prompt_token_ids=[1, 2, 3], params=SamplingParams(max_tokens=2)))
+    batch = scheduler.schedule()
+    assert [s.request_id for s in batch.seqs] == admitted and batch.num_batched_tokens == num_tokens
+
+
+def test_every_scheduling_policy_by_name_has_an_implementation():
+    assert set(POLICIES) == set(SCHEDULING_POLICIES)
+    first, second = (Scheduler(SchedulerConfig(), None).policy for _ in range(2))
+    assert first is not second  # each scheduler has its own: changing one never changes another
+
+
+@pytest.mark.parametrize("policy, got", [
+    ("priority", "got 'priority'"), ("FCFS", "got 'FCFS'"), (None, "got None, which has no admit and no token_budget"),
+    (shortest_first, "which has no admit and no token_budget"),
+    (SimpleNamespace(admit=shortest_first), "which has no token_budget method")],
+    ids=["vllms-other-name", "case", "none", "a-bare-function", "no-token-budget"])
+def test_a_bad_scheduling_policy_is_refused_with_the_argument_named(policy, got):
+    with pytest.raises(ValueError, match=rf"^scheduling_policy must be one of \('fcfs',\) or an object with the "
+                                         rf"methods admit\(scheduler, batch, budget\) and token_budget\(scheduler\), "
+                                         rf".*{got}"):
+        SchedulerConfig(scheduling_policy=policy)
+
+
+def test_the_scheduler_neither_imports_the_output_processor_nor_appends_tokens():
+    """One owner per step for tokens and stops: the output processor, called by the engine's step."""
+    imported = {node.module for node in ast.walk(ast.parse(inspect.getsource(scheduler_module)))
+                if isinstance(node, ast.ImportFrom)}
+    assert "minillm.engine.output_processor" not in imported
+    scheduler = paged_scheduler(1, 8, BlockManager(16, BLOCK_SIZE))
+    seq = Sequence("r", prompt_token_ids=[1, 2, 3], params=SamplingParams(max_tokens=2))
+    scheduler.add_request(seq)
+    batch = scheduler.schedule()
+    scheduler.update(batch, produced(batch))
+    assert seq.num_output_tokens == 0 and seq.num_computed_tokens == 3

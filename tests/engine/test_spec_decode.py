@@ -12,7 +12,7 @@ from test_rejection_sampler import resample_from_p  # the tempting wrong rule, w
 from minillm import LLM, SamplingParams
 from minillm.engine.trace import record
 from minillm.eval.heldout import eval_token_ids
-from minillm.grading.checks_spec_decode import second_token_p_value
+from minillm.grading.checks_rejection_sampler_engine import second_token_p_value
 from minillm.models.loader import load_tokenizer, resolve_model_path
 from minillm.sample.rejection_sampler import stochastic_accept
 from minillm.spec_decode.acceptance import acceptance_stats

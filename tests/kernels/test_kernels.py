@@ -11,15 +11,15 @@ import torch
 pytest.importorskip("triton")
 
 from minillm.kernels import random_inputs  # noqa: E402
-from minillm.kernels.ops import load_ops  # noqa: E402
-from minillm.kernels.paged_decode import paged_decode_attention, paged_decode_partitions  # noqa: E402
-from minillm.kernels.paged_prefill import paged_prefill_attention  # noqa: E402
-from minillm.kernels.reference import (  # noqa: E402
+from minillm.kernels.attention_reference import (  # noqa: E402
     paged_decode_attention_ref,
     paged_decode_partitions_ref,
     paged_prefill_attention_ref,
     store_kvcache_ref,
 )
+from minillm.kernels.ops import load_ops  # noqa: E402
+from minillm.kernels.paged_decode import paged_decode_attention, paged_decode_partitions  # noqa: E402
+from minillm.kernels.paged_prefill import paged_prefill_attention  # noqa: E402
 from minillm.kernels.store_kv import store_kvcache  # noqa: E402
 from minillm.kernels.targets import TARGETS, aot_target  # noqa: E402
 
@@ -176,10 +176,12 @@ def test_decode_rejects_partition_not_multiple_of_block():
 def test_load_ops_gives_each_caller_its_own_namespace_of_the_same_ops():
     torch_ops, triton_ops = load_ops("torch"), load_ops("triton")
     assert vars(torch_ops).keys() == vars(triton_ops).keys() == {
-        "store_kvcache", "paged_decode_attention", "paged_prefill_attention", "int8_matmul", "int4_matmul"}
+        "kernel", "store_kvcache", "paged_decode_attention", "paged_prefill_attention", "int8_matmul", "int4_matmul",
+        "rms_norm", "rotary_embedding", "silu_and_mul"}
+    assert (torch_ops.kernel, triton_ops.kernel) == ("torch", "triton")
     assert triton_ops.paged_decode_attention is paged_decode_attention
     assert torch_ops.paged_decode_attention is paged_decode_attention_ref
-    # An exercise swaps an op in one attention backend's namespace; nobody else's changes.
+    # An exercise swaps an op in one engine's namespace; nobody else's changes.
     torch_ops.paged_decode_attention = None
     assert load_ops("torch").paged_decode_attention is paged_decode_attention_ref
     with pytest.raises(ValueError, match=r"kernel must be one of \('torch', 'triton'\), got 'cuda'"):

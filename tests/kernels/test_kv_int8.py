@@ -12,7 +12,7 @@ from minillm import LLM
 from minillm.config.model import ModelConfig
 from minillm.eval.heldout import eval_token_ids
 from minillm.eval.quantization import compare_kv_cache_dtype, greedy_tokens
-from minillm.kernels.reference import (
+from minillm.kernels.attention_reference import (
     dequantize_kv,
     paged_decode_attention_ref,
     paged_prefill_attention_ref,
@@ -20,6 +20,7 @@ from minillm.kernels.reference import (
     store_kvcache_ref,
 )
 from minillm.kv.pool import KVPool, resolve_num_kv_blocks
+from minillm.models.registry import model_config_from_hf
 
 pytest.importorskip("triton")
 
@@ -139,7 +140,7 @@ def test_fp16_queries_on_an_int8_cache():
 
 
 def config_with(head_dim: int) -> ModelConfig:
-    return ModelConfig.from_hf_dict({
+    return model_config_from_hf({
         "architectures": ["LlamaForCausalLM"], "vocab_size": 128, "hidden_size": 4 * head_dim,
         "intermediate_size": 64, "num_hidden_layers": 6, "num_attention_heads": 4, "num_key_value_heads": 2,
         "head_dim": head_dim})

@@ -1,5 +1,5 @@
 """The quantized matmul kernels (minillm.kernels.quant_matmul) against their references
-(minillm.quant.reference), on random signed inputs: every row count on both paths, shapes whose
+(minillm.quant.matmul_reference), on random signed inputs: every row count on both paths, shapes whose
 output width is off the block sizes, every int4 group size, with and without bias. Without a GPU
 they run in Triton's CPU interpreter (conftest sets TRITON_INTERPRET=1): fp32 and fp16, no bf16."""
 
@@ -11,11 +11,12 @@ from torch import nn
 
 pytest.importorskip("triton")
 
+from minillm.kernels.ops import load_ops  # noqa: E402
 from minillm.kernels.quant_matmul import GEMV_MAX_ROWS, int4_matmul, int8_matmul, pick_path  # noqa: E402
 from minillm.layers.quant_linear import QuantLinear, quantize_model  # noqa: E402
 from minillm.quant.int4 import dequantize_int4, quantize_int4  # noqa: E402
 from minillm.quant.int8 import dequantize_int8, quantize_int8  # noqa: E402
-from minillm.quant.reference import int4_matmul_ref, int8_matmul_ref  # noqa: E402
+from minillm.quant.matmul_reference import int4_matmul_ref, int8_matmul_ref  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if DEVICE == "cuda" else [])
@@ -159,7 +160,7 @@ def test_quant_linear_runs_the_kernel_it_is_given(kernel_calls):
             torch_out = layers[1](layers[0](x))
             assert not kernel_calls
             for layer in layers:
-                layer.kernel = "triton"
+                layer.ops = load_ops("triton")
             triton_out = layers[1](layers[0](x))
             assert len(kernel_calls) == 2
             kernel_calls.clear()
@@ -167,17 +168,19 @@ def test_quant_linear_runs_the_kernel_it_is_given(kernel_calls):
             assert relative_error(torch_out, expected) < limit, method
 
 
-def test_quantize_model_sets_the_kernel_and_names_a_bad_one(kernel_calls):
+def test_quantize_model_gives_the_layers_the_kernels_of_the_model(kernel_calls):
     model = nn.Module()
     model.layers = nn.ModuleList([nn.Linear(64, 48)]).to(DEVICE)
-    quantize_model(model, "int4", 32, kernel="triton")
-    assert isinstance(model.layers[0], QuantLinear) and model.layers[0].kernel == "triton"
+    model.ops = load_ops("triton")  # as a model built by an engine has
+    quantize_model(model, "int4", 32)
+    assert isinstance(model.layers[0], QuantLinear) and model.layers[0].ops is model.ops
     x = torch.randn(2, 64, device=DEVICE)
     assert relative_error(model.layers[0](x), int4_matmul_ref(
         x, model.layers[0].qweight, model.layers[0].scales, model.layers[0].zeros, 32, model.layers[0].bias)) < 1e-5
     assert len(kernel_calls) == 1
-    with pytest.raises(ValueError, match=r"kernel must be one of \('torch', 'triton'\), got 'cuda'"):
-        quantize_model(nn.Module(), "int8", kernel="cuda")
+    plain = nn.Module()
+    plain.layers = nn.ModuleList([nn.Linear(64, 48)])
+    assert quantize_model(plain, "int8").layers[0].kernel == "torch"  # a model without ops: the references
 
 
 def bad_calls():

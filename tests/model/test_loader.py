@@ -10,8 +10,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from minillm import LLM, SamplingParams
-from minillm.config.model import SUPPORTED_ARCHITECTURES, ModelConfig
-from minillm.models.registry import MODEL_REGISTRY, model_class
+from minillm.models.registry import ARCHITECTURES, model_class, model_config_from_hf
 
 
 @pytest.fixture
@@ -30,8 +29,16 @@ def test_unsupported_architecture_is_named(checkpoint_copy):
         LLM(str(checkpoint_copy), skip_tokenizer_init=True)
 
 
-def test_every_supported_architecture_has_a_model_class():
-    assert MODEL_REGISTRY.keys() == SUPPORTED_ARCHITECTURES.keys()
+def test_the_registry_translates_each_family_and_names_what_it_lacks():
+    base = {"vocab_size": 32, "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1,
+            "num_attention_heads": 2}
+    flags = {name: (c.qkv_bias, c.o_bias, c.qk_norm, c.model_type) for name in ARCHITECTURES
+             for c in [model_config_from_hf({**base, "architectures": [name]})]}
+    assert flags == {"LlamaForCausalLM": (False, False, False, "llama"),
+                     "MistralForCausalLM": (False, False, False, "mistral"),
+                     "Qwen2ForCausalLM": (True, False, False, "qwen2"),
+                     "Qwen3ForCausalLM": (False, False, True, "qwen3")}
+    assert all(model_class(name) is ARCHITECTURES[name].model_cls for name in ARCHITECTURES)
     with pytest.raises(ValueError, match="no model implements architecture 'GPT2LMHeadModel': minillm implements "
                                          "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM"):
         model_class("GPT2LMHeadModel")
@@ -50,7 +57,7 @@ def test_transformers4_config_keys_are_read(checkpoint_copy):
     theta = config.pop("rope_parameters")["rope_theta"]
     config.pop("dtype")
     config.update(rope_theta=theta * 2, rope_scaling={"type": "linear", "factor": 2.0}, torch_dtype="bfloat16")
-    parsed = ModelConfig.from_hf_dict(config)
+    parsed = model_config_from_hf(config)
     assert parsed.rope_theta == theta * 2
     assert parsed.rope_scaling == {"type": "linear", "factor": 2.0, "rope_type": "linear"}
     assert parsed.checkpoint_dtype == "bfloat16"

@@ -113,10 +113,10 @@ def test_the_check_finds_every_kind_of_upward_import():
         "    from minillm.engine.llm_engine import LLMEngine",
         "def run():",
         "    from ..engine import scheduler",  # relative, inside a function
-        "from . import reference",  # the kernels' own: allowed
+        "from . import attention_reference",  # the kernels' own: allowed
     ]))
     modules = [kernel, Module("minillm.engine.llm_engine", ""), Module("minillm.engine.scheduler", ""),
-               Module("minillm.kernels.reference", ""), Module("minillm.layers.norm", "")]
+               Module("minillm.kernels.attention_reference", ""), Module("minillm.layers.norm", "")]
     kernels, layers, engine = (f"layer {layer_of(name)} ({LAYERS[layer_of(name)][0]})"
                                for name in ("minillm.kernels", "minillm.layers", "minillm.engine"))
     assert violations(modules) == [
@@ -146,3 +146,25 @@ def test_layers_are_folders():
     assert len(root_modules) <= 10, f"the package root should keep only what a learner imports: {root_modules}"
     assert layer_of("minillm") == layer_of("minillm.llm") and layer_of("minillm.kv.pool") == layer_of("minillm.kv")
     assert layer_of("minillm.widgets.live") == len(LAYERS) - 1 and layer_of("minillm.nonexistent") is None
+
+
+def called_in(name: str) -> set[str]:
+    """The modules of minillm/ and widgets/ that call a function or class named `name`."""
+    def calls(module: Module) -> bool:
+        return any(isinstance(node, ast.Call) and name in (getattr(node.func, "id", None),
+                                                           getattr(node.func, "attr", None))
+                   for node in ast.walk(ast.parse(module.source)))
+    return {m.name for m in project_modules() if calls(m)}
+
+
+def test_attention_metadata_is_built_by_the_attention_backends_alone():
+    assert {m.split(".")[1] for m in called_in("AttentionMetadata")} == {"attention"}
+
+
+def test_the_engine_chooses_the_kernels_once_and_the_layers_call_them():
+    """The kernel choice is made in one place; besides the layers' own default (a model built on its
+    own runs the references) only the quantization exercise's check switches a layer, to the
+    reference it compares against."""
+    assert called_in("resolve_kernel") == {"minillm.engine.llm_engine"}
+    assert called_in("load_ops") == {"minillm.engine.llm_engine", "minillm.layers.custom_op", "minillm.models.llama",
+                                     "minillm.grading.checks_quant"}

@@ -1,4 +1,5 @@
-"""ruff over the whole project (its configuration is in pyproject.toml)."""
+"""ruff over the whole project (its configuration is in pyproject.toml), and files small enough to
+hold one idea each."""
 
 from __future__ import annotations
 
@@ -7,9 +8,16 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+MAX_LINES = 300  # past this, a module is usually two ideas: split it
 
 
 def test_ruff_is_clean():
     result = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", str(ROOT)], capture_output=True,
                             text=True)
     assert result.returncode == 0, result.stdout[-4000:]
+
+
+def test_no_module_of_the_package_is_over_300_lines():
+    paths = [path for folder in ("minillm", "widgets") for path in (ROOT / folder).rglob("*.py")]
+    long = {str(path.relative_to(ROOT)): n for path in paths if (n := len(path.read_text().splitlines())) > MAX_LINES}
+    assert not long, f"split these by idea (at most {MAX_LINES} lines each): {long}"

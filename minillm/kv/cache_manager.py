@@ -1,25 +1,23 @@
 """One interface over the three KV caches the engine can run with, so that the scheduler and the
 model runner never ask which one they have:
 
-- "paged": blocks from one preallocated pool (kv_pool.py), handed out by the block manager;
-- "contiguous": one buffer per sequence, reserved for its longest possible length (kv_cache.py);
+- "paged": blocks from one preallocated pool (kv/pool.py), handed out by the block manager;
+- "contiguous": one buffer per sequence, reserved for its longest possible length (kv/contiguous_cache.py);
 - "none": nothing is kept, and every step feeds each sequence's whole history again.
 
-The scheduler allocates, appends and frees through it and tells it what each step computed; the
-runner asks it for the attention metadata of a step and for the attention backend that reads it.
+The scheduler allocates, appends and frees through it and tells it what each step computed. It keeps
+the scheduler's bookkeeping only: reading and writing K and V in a step is the attention backend's
+work (minillm/attention), which the model runner builds over the manager's storage.
 """
 
 from __future__ import annotations
 
 import torch
 
-from minillm.attention import AttentionBackend, AttentionMetadata, ContiguousAttention, NoCacheAttention
-from minillm.attention.paged import PagedAttention
 from minillm.config.engine import CacheConfig
 from minillm.config.model import ModelConfig
-from minillm.engine.input_buffers import InputBuffers, stage
 from minillm.kv.block_manager import BlockManager
-from minillm.kv.contiguous import ContiguousKVCache
+from minillm.kv.contiguous_cache import ContiguousKVCache
 from minillm.kv.pool import KVPool, resolve_num_kv_blocks
 from minillm.sequence import Sequence
 
@@ -29,7 +27,6 @@ class KVCacheManager:
     needs no room for it beyond what `allocate` reserved."""
 
     name: str  # "paged", "contiguous" or "none"
-    attn_backend: AttentionBackend  # reads and writes this cache for the model
     storage: KVPool | ContiguousKVCache | None = None  # where K and V live
     block_manager: BlockManager | None = None
     block_size = num_blocks = num_free_blocks = 0  # paged only
@@ -66,17 +63,9 @@ class KVCacheManager:
     def reserved_tokens(self, seq: Sequence) -> int:
         return 0
 
-    def fill_metadata(self, metadata: AttentionMetadata, seqs: list[Sequence], num_new_tokens: list[int],
-                      buffers: InputBuffers, num_rows: int | None = None) -> None:
-        """What attention needs to read and write this cache in a step, staged in `buffers`; rows past
-        the batch up to num_rows are padding that reads and writes nothing."""
-
 
 class NoKVCache(KVCacheManager):
     name = "none"
-
-    def __init__(self) -> None:
-        self.attn_backend = NoCacheAttention()
 
     def num_new_tokens(self, seq: Sequence, budget: int) -> int:
         return seq.num_tokens  # nothing is cached, so nothing can be split across steps either
@@ -90,7 +79,6 @@ class ContiguousKVCacheManager(KVCacheManager):
 
     def __init__(self, storage: ContiguousKVCache) -> None:
         self.storage = storage
-        self.attn_backend = ContiguousAttention()
 
     def can_allocate(self, seq: Sequence) -> bool:
         return self.storage.can_allocate(seq)
@@ -105,20 +93,14 @@ class ContiguousKVCacheManager(KVCacheManager):
     def reserved_tokens(self, seq: Sequence) -> int:
         return seq.max_len
 
-    def fill_metadata(self, metadata: AttentionMetadata, seqs: list[Sequence], num_new_tokens: list[int],
-                      buffers: InputBuffers, num_rows: int | None = None) -> None:
-        metadata.kv_buffers = [self.storage.buffer(seq) for seq in seqs]
-
 
 class PagedKVCacheManager(KVCacheManager):
     name = "paged"
 
-    def __init__(self, block_manager: BlockManager, pool: KVPool | None = None,
-                 attn_backend: PagedAttention | None = None) -> None:
-        """pool and attn_backend may be left out where only scheduling is exercised (tests, checks)."""
+    def __init__(self, block_manager: BlockManager, pool: KVPool | None = None) -> None:
+        """pool may be left out where only scheduling is exercised (tests, checks)."""
         self.block_manager = block_manager
         self.storage = pool
-        self.attn_backend = attn_backend
         self.block_size = block_manager.block_size
 
     def can_allocate(self, seq: Sequence) -> bool:
@@ -158,38 +140,11 @@ class PagedKVCacheManager(KVCacheManager):
     def cached_block_ids(self) -> dict[int, int]:
         return self.block_manager.cached_block_ids
 
-    def fill_metadata(self, metadata: AttentionMetadata, seqs: list[Sequence], num_new_tokens: list[int],
-                      buffers: InputBuffers, num_rows: int | None = None) -> None:
-        size = self.block_size
-        slots: list[int] = []
-        seq_lens = []
-        for seq, n, start in zip(seqs, num_new_tokens, metadata.start_pos):
-            table = seq.block_table
-            slots += (table[p // size] * size + p % size for p in range(start, start + n))
-            seq_lens.append(start + n)
-        width = max(len(seq.block_table) for seq in seqs)
-        tables = torch.tensor([seq.block_table + [0] * (width - len(seq.block_table)) for seq in seqs],
-                              dtype=torch.int32)
-        buffers.block_tables[:len(seqs), :width].copy_(tables, non_blocking=True)
-        metadata.block_tables = buffers.block_tables[:len(seqs), :width]
-        metadata.slot_mapping = stage(buffers.slot_mapping, slots, num_rows, pad=-1)  # -1: store nothing
-        metadata.seq_lens = stage(buffers.seq_lens, seq_lens, num_rows)  # 0: attend to nothing
-        metadata.cu_seqlens_q = stage(buffers.cu_seqlens_q, metadata.query_start_loc)
-        metadata.max_seq_len = max(seq_lens)
-        metadata.max_query_len = max(num_new_tokens)
-        metadata.num_decodes = next((i for i, n in enumerate(num_new_tokens) if n > 1), len(seqs))
 
-    def decode_metadata(self, buffers: InputBuffers, num_rows: int, max_seq_len: int) -> AttentionMetadata:
-        """The metadata of a pure decode step of num_rows rows, whatever the sequences: what a CUDA graph
-        captures, every tensor a fixed view of the buffers."""
-        return AttentionMetadata(
-            query_start_loc=list(range(num_rows + 1)), start_pos=[0] * num_rows,
-            slot_mapping=buffers.slot_mapping[:num_rows], block_tables=buffers.block_tables[:num_rows],
-            seq_lens=buffers.seq_lens[:num_rows], max_query_len=1, max_seq_len=max_seq_len, num_decodes=num_rows)
 
 
 def create_kv_cache_manager(config: CacheConfig, model_config: ModelConfig, dtype: torch.dtype,
-                            device: torch.device, kernel: str, max_model_len: int,
+                            device: torch.device, max_model_len: int,
                             max_num_seqs: int, extra_bytes_per_token: int = 0) -> KVCacheManager:
     if config.kv_cache == "none":
         return NoKVCache()
@@ -201,5 +156,4 @@ def create_kv_cache_manager(config: CacheConfig, model_config: ModelConfig, dtyp
     if config.kv_cache == "contiguous":
         return ContiguousKVCacheManager(ContiguousKVCache(model_config, dtype, device, num_blocks * config.block_size))
     pool = KVPool(model_config, num_blocks, config.block_size, dtype, device, config.kv_cache_dtype)
-    return PagedKVCacheManager(BlockManager(num_blocks, config.block_size, config.enable_prefix_caching), pool,
-                               PagedAttention(pool, kernel, model_config.head_dim))
+    return PagedKVCacheManager(BlockManager(num_blocks, config.block_size, config.enable_prefix_caching), pool)

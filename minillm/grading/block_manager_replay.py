@@ -1,34 +1,27 @@
-"""Checks for exercise 02, the paged KV cache: the learner's `append_slots`, `free` and `allocate`
-against the block manager's own, on random workloads and a few fixed scenarios, and then inside the
-real engine.
+"""How exercise 02's checks judge the learner's `append_slots`, `free` and `allocate`: the same
+operations run through the reference and through the learner's function, on two managers built the
+same way, and the whole state is compared after each one, so that a message can say which operation
+went wrong and how.
 
 The functions work on a live `BlockManager` (`blocks`): its `blocks[i].ref_count`, `block_hash` and
 `token_ids`, its free list `free_block_ids` (an OrderedDict in eviction order: the first entry is
 reused first), its prefix cache `cached_block_ids` (block hash -> block id) and `evict(block_id)`;
-and on a sequence's `block_table`, `block_hashes` and `num_computed_tokens`. A check runs the same
-operations through the reference and through the learner's function, on two managers built the
-same way, and compares the whole state after each one, so that a message can say which operation
-went wrong and how.
+and on a sequence's `block_table`, `block_hashes` and `num_computed_tokens`.
 """
 
 from __future__ import annotations
 
 import functools
-import random
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 
-from minillm.grading.engine_check import check_generation
 from minillm.grading.feedback import CheckFailed, call_learner
 from minillm.kv.block_manager import BlockManager, hash_block
-from minillm.llm import LLM
 from minillm.sampling_params import SamplingParams
 from minillm.sequence import Sequence
 
 BLOCK_SIZE = 4
 POOL_BLOCKS = 10
 SHARED = [7, 7, 1, 2, 3, 4, 5, 6]  # two full blocks that many test prompts start with
-LONG = [*SHARED, 8, 9, 10, 11]  # three
 
 
 # The class's methods, not the instance's attributes: the checks put the learner's functions there.
@@ -131,53 +124,6 @@ def _sequence(request_id: str, tokens: list[int]) -> Sequence:
     return Sequence(request_id, None, tokens, SamplingParams(max_tokens=64), 4096, frozenset(), None, 0.0)
 
 
-def _workload(seed: int) -> list[tuple]:
-    """Operations on a small pool: admit sequences (some sharing a cached prefix), grow them, free them."""
-    rng = random.Random(seed)
-    ops = []
-    for i in range(12):
-        kind = rng.choice(["add", "add", "grow", "free"])
-        if kind == "add":
-            tokens = (SHARED if rng.random() < 0.6 else []) + [rng.randrange(50) for _ in range(rng.randint(1, 7))]
-            ops.append(("add", f"r{i}", tokens))
-        else:
-            ops.append((kind, rng.randrange(100), rng.randint(1, 6)))
-    return ops
-
-
-def _allocate_workload(seed: int) -> list[tuple]:
-    """Like _workload, with longer shared prefixes, prompts that end on a block boundary, and now and
-    then a forged hash collision."""
-    rng = random.Random(seed)
-    ops = []
-    for i in range(16):
-        kind = rng.choice(["add", "add", "add", "grow", "free", "free", "forge"])
-        if kind == "add":
-            prefix = rng.choice([[], SHARED, LONG, LONG[:4]])
-            ops.append(("add", f"r{i}", prefix + [rng.randrange(50) for _ in range(rng.randint(0, 6))] or [1]))
-        else:
-            ops.append((kind, rng.randrange(100), rng.randint(1, 6)))
-    return ops
-
-
-def _allocate_scenarios() -> list[tuple[str, list[tuple]]]:
-    """Fixed workloads, each one aimed at one part of the lookup; then random ones."""
-    other = list(range(20, 52))
-    return [
-        ("a shared prefix, held then free", [
-            ("add", "a", [*LONG, 20, 21]), ("add", "b", [*LONG, 30]), ("free", 0, 0), ("free", 0, 0),
-            ("add", "c", [*SHARED, 40, 41, 42])]),
-        ("a forged hash collision on the first block of a cached prefix", [
-            ("add", "x", [*LONG, 50]), ("free", 0, 0), ("forge", 0, 0), ("add", "y", [*LONG, 51])]),
-        ("prompts that end on a block boundary", [
-            ("add", "p", list(SHARED)), ("free", 0, 0), ("add", "q", list(SHARED)), ("add", "r", list(LONG))]),
-        ("a full pool, where fresh blocks evict cached ones", [
-            ("add", "a", [*LONG, 60]), ("free", 0, 0), ("add", "b", [*range(60, 72), 72]), ("free", 0, 0),
-            ("add", "c", SHARED + other)]),
-        *((f"random workload {seed}", _allocate_workload(seed)) for seed in range(8, 14)),
-    ]
-
-
 def _forge_collision(blocks: BlockManager) -> str:
     """Make the first cached block (by id) hold other tokens than those its hash was made from, as if
     two different blocks had hashed the same. Returns what was done, for messages."""
@@ -190,7 +136,7 @@ def _forge_collision(blocks: BlockManager) -> str:
             f"now holds {list(block.token_ids)}")
 
 
-def _run(learner: tuple[Callable, Callable, Callable], name: str, ops: list[tuple], where: str) -> None:
+def replay(learner: tuple[Callable, Callable, Callable], name: str, ops: list[tuple], where: str) -> None:
     """The workload through two managers, the reference's and one driven by the learner's functions
     (allocate, append_slots, free). After each operation the whole state must be the same."""
     managers = [BlockManager(POOL_BLOCKS, BLOCK_SIZE), BlockManager(POOL_BLOCKS, BLOCK_SIZE)]
@@ -198,7 +144,7 @@ def _run(learner: tuple[Callable, Callable, Callable], name: str, ops: list[tupl
     sides = [REFERENCE, learner]
     for blocks, (_, do_append, _) in zip(managers, sides):
         # The engine's own call (from allocate) goes to the function under test, as in the engine.
-        blocks.append_slots = functools.partial(_adapt, do_append, blocks)
+        blocks.append_slots = functools.partial(adapt, do_append, blocks)
     for op in ops:
         described, story, returned = "", "", [None, None]
         computed: list[tuple[BlockManager, Sequence]] = []
@@ -244,7 +190,7 @@ def _run(learner: tuple[Callable, Callable, Callable], name: str, ops: list[tupl
             blocks.cache_full_blocks(seq)
 
 
-def _adapt(fn: Callable, blocks: BlockManager, seq: Sequence, num_tokens: int | None = None) -> None:
+def adapt(fn: Callable, blocks: BlockManager, seq: Sequence, num_tokens: int | None = None) -> None:
     """The engine's call `blocks.append_slots(seq[, num_tokens])`, in the exercise's signature."""
     fn(blocks, seq, seq.num_tokens if num_tokens is None else num_tokens)
 
@@ -253,93 +199,3 @@ def _call(side: int, name: str, described: str, fn: Callable, *args) -> object:
     if side == 0:
         return fn(*args)
     return call_learner(fn, name, described, *args)
-
-
-def check_append_slots(append_slots: Callable) -> None:
-    """Blocks taken from the front of the free list, evicted, counted, appended to the table."""
-    for seed in range(4):
-        _run((reference_allocate, append_slots, reference_free), "append_slots", _workload(seed),
-             f"workload seed {seed}")
-    print("check_append_slots passed: 4 random workloads of admissions, growth and frees")
-
-
-def check_free(free: Callable) -> None:
-    """Reference counts down; blocks at zero back on the free list, cached ones at the back."""
-    for seed in range(4, 8):
-        _run((reference_allocate, reference_append_slots, free), "free", _workload(seed), f"workload seed {seed}")
-    print("check_free passed: 4 random workloads of admissions, growth and frees")
-
-
-def check_allocate(allocate: Callable) -> None:
-    """The prefix lookup (hash chain, tokens verified, first miss ends it), hits taken, fresh blocks
-    appended, num_computed_tokens and block_hashes set, hit tokens returned."""
-    scenarios = _allocate_scenarios()
-    for label, ops in scenarios:
-        _run((allocate, reference_append_slots, reference_free), "allocate", ops, label)
-    print(f"check_allocate passed: {len(scenarios)} workloads (shared prefixes, a forged hash collision, prompts "
-          "on a block boundary, a full pool, random ones)")
-
-
-@contextmanager
-def _plugged(blocks: BlockManager, **functions: Callable) -> Iterator[None]:
-    """The block manager's methods replaced by the given functions, restored on the way out."""
-    previous = {name: getattr(blocks, name) for name in functions}
-    for name, fn in functions.items():
-        setattr(blocks, name, fn)
-    try:
-        yield
-    finally:
-        for name, fn in previous.items():
-            setattr(blocks, name, fn)
-
-
-def _all_returned(blocks: BlockManager, name: str) -> None:
-    if blocks.num_free_blocks != blocks.num_blocks:
-        why = ("each hit adds exactly one reference, which free takes off again: a block counted twice is never "
-               "given back" if "allocate" in name else
-               "every block whose ref_count reaches 0 must go back to the free list")
-        raise CheckFailed(f"after generating with your {name}, {blocks.num_blocks - blocks.num_free_blocks} "
-                          f"blocks are still held: {why}")
-
-
-def check_engine(append_slots: Callable, free: Callable, allocate: Callable, llm: LLM) -> None:
-    """Greedy generation with the learner's functions managing the engine's KV blocks: each alone, then
-    all three. The pool must be small enough that sequences are preempted and prefix blocks are shared
-    and evicted; the run with the learner's allocate starts from the prefix cache the reference's run
-    left, and must hit it."""
-    blocks = llm.llm_engine.block_manager
-    if blocks is None:
-        raise CheckFailed("this check plugs your functions into the paged KV cache, but the LLM has "
-                          f"kv_cache={llm.llm_engine.model_runner.attn_backend.name!r}: create it with the default "
-                          "kv_cache='paged'")
-    if not blocks.enable_prefix_caching:
-        raise CheckFailed("this check needs the prefix cache: create the LLM with enable_prefix_caching=True "
-                          "(the default)")
-    mine = {"append_slots": functools.partial(_adapt, append_slots, blocks),
-            "free": functools.partial(free, blocks)}
-    hits: list[int] = []
-
-    def counted_allocate(seq: Sequence) -> int:
-        hit_tokens = allocate(blocks, seq)
-        hits.append(hit_tokens if isinstance(hit_tokens, int) else 0)
-        return hit_tokens
-
-    done = []
-    try:
-        for name, learner in mine.items():
-            blocks.reset()  # whatever an earlier run left cached, both runs start from the same pool
-            done.append(check_generation(llm, blocks, name, getattr(blocks, name), learner, name))
-            _all_returned(blocks, name)
-        blocks.reset()
-        # Your append_slots and free (each checked alone above) in both runs; the second one is yours.
-        with _plugged(blocks, **mine):
-            done.append(check_generation(llm, blocks, "allocate", blocks.allocate, counted_allocate, "allocate"))
-        _all_returned(blocks, "allocate, append_slots and free")
-        if not sum(hits):
-            raise CheckFailed("with your allocate in the engine, the tokens are right, but no prompt found a "
-                              "single block in the prefix cache, although the reference's run of the same prompts "
-                              "had just left their blocks there: the lookup must find and reuse them")
-    finally:
-        blocks.reset()  # a wrong function must not leave the engine's pool corrupted
-    print(f"check_engine passed: your append_slots, then your free, then your allocate with both, in the engine: "
-          f"{done[0]}; {sum(hits)} prompt tokens came from the prefix cache in the run with your allocate")

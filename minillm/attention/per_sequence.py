@@ -1,12 +1,12 @@
-"""Attention for one sequence, in plain PyTorch: the references the contiguous and no-cache backends
-run and the course's exercises are checked against. `attend` itself lives with the kernel references
-(minillm.kernels.reference, a lower layer that must not import this one) and is re-exported here."""
+"""Attention over one sequence, in plain PyTorch: what the contiguous and no-cache backends run, and
+what the course's exercises are checked against. `attend` itself lives with the kernels' references
+(minillm.kernels.attention_reference, a lower layer) and is re-exported here."""
 
 from __future__ import annotations
 
 import torch
 
-from minillm.kernels.reference import attend
+from minillm.kernels.attention_reference import attend
 
 __all__ = ["append_and_attend", "attend"]
 

@@ -1,0 +1,62 @@
+"""Each attention backend builds its own metadata from the step's sequences (the KV-cache manager
+keeps only the scheduler's bookkeeping), the paged one in tensors of its own whose addresses never
+change, padded for a CUDA graph with rows that store nothing and attend to nothing."""
+
+from __future__ import annotations
+
+from minillm import LLM, SamplingParams
+from minillm.attention.base import query_start_loc
+from minillm.attention.paged import PagedAttention
+from minillm.sequence import Sequence
+
+
+def paged_engine():
+    return LLM("tiny", skip_tokenizer_init=True, dtype="float32", block_size=4, num_kv_blocks=32,
+               max_model_len=64, max_num_seqs=8).llm_engine
+
+
+def test_the_paged_backend_stages_slots_lengths_and_tables_in_its_own_tensors():
+    engine = paged_engine()
+    backend = engine.model_runner.attn_backend
+    assert isinstance(backend, PagedAttention) and not hasattr(engine.kv_cache_manager, "attn_backend")
+    a, b = Sequence("a", prompt_token_ids=range(6)), Sequence("b", prompt_token_ids=range(3))
+    a.block_table, b.block_table = [7, 2], [5]
+    # a decodes its 7th token (position 6, block 2 slot 2); b prefills 3 tokens from position 0.
+    metadata = backend.build_metadata([a, b], [6, 0], [1, 3], num_rows=6)
+    assert metadata.query_start_loc == query_start_loc([1, 3]) == [0, 1, 4]
+    assert metadata.slot_mapping.tolist() == [2 * 4 + 2, 5 * 4, 5 * 4 + 1, 5 * 4 + 2, -1, -1]
+    assert metadata.seq_lens.tolist() == [7, 3, 0, 0, 0, 0]
+    assert metadata.block_tables.tolist() == [[7, 2], [5, 0]]
+    assert metadata.cu_seqlens_q.tolist() == [0, 1, 4]
+    assert (metadata.num_decodes, metadata.max_query_len, metadata.max_seq_len) == (1, 3, 7)
+    for staged, own in ((metadata.slot_mapping, backend.slot_mapping), (metadata.seq_lens, backend.seq_lens),
+                        (metadata.block_tables, backend.block_tables)):
+        assert staged.data_ptr() == own.data_ptr()  # a view, never a new tensor
+    graph = backend.decode_graph_metadata(4)
+    assert graph.slot_mapping.data_ptr() == backend.slot_mapping.data_ptr()
+    assert (graph.num_decodes, graph.max_seq_len) == (4, engine.max_model_len)
+
+
+def test_contiguous_and_no_cache_backends_build_theirs():
+    engine = LLM("tiny", skip_tokenizer_init=True, dtype="float32", kv_cache="contiguous").llm_engine
+    seq = Sequence("a", prompt_token_ids=range(5), max_model_len=16)
+    engine.kv_cache_manager.allocate(seq)
+    metadata = engine.model_runner.attn_backend.build_metadata([seq], [2], [3])
+    assert metadata.kv_buffers[0] is engine.kv_cache.buffer(seq) and metadata.query_start_loc == [0, 3]
+    none = LLM("tiny", skip_tokenizer_init=True, kv_cache="none").llm_engine.model_runner.attn_backend
+    assert none.build_metadata([], [0, 0], [2, 5]).query_start_loc == [0, 2, 7]
+
+
+def test_a_padded_step_gives_the_tokens_of_an_unpadded_one():
+    """The graph path's padding, run eagerly on the CPU: greedy tokens and log-probabilities equal."""
+    params = SamplingParams(temperature=0, max_tokens=6, logprobs=2)
+    prompts = [{"prompt_token_ids": list(range(3 + i, 12 + 2 * i))} for i in range(3)]
+    plain = LLM("tiny", skip_tokenizer_init=True, dtype="float32").generate(prompts, params, use_tqdm=False)
+    padded = LLM("tiny", skip_tokenizer_init=True, dtype="float32")
+    padded.llm_engine.model_runner.capture_decode_graphs(capture=False)
+    outs = padded.generate(prompts, params, use_tqdm=False)
+    for a, b in zip(plain, outs):
+        assert a.outputs[0].token_ids == b.outputs[0].token_ids
+        for x, y in zip(a.outputs[0].logprobs, b.outputs[0].logprobs):
+            assert x.keys() == y.keys() and all(abs(x[t].logprob - y[t].logprob) < 1e-5 for t in x)
+    assert padded.llm_engine.model_runner.decode_graphs is not None
