@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from minillm.engine.llm_engine import LLMEngine, PromptType
 from minillm.engine.metrics import Metric
 from minillm.outputs import RequestOutput
+from minillm.sample.sampler import check_fits_tensors
 from minillm.sampling_params import SamplingParams
 
 # A command runs in the engine thread; its second part tells its caller when the engine is dead.
@@ -79,6 +80,8 @@ class AsyncLLM:
         A caller that stops listening (break, cancellation, a client gone) aborts the request."""
         text, token_ids = self.llm_engine.process_prompt(prompt)
         self.llm_engine.check_params(sampling_params)
+        # Checked here rather than met in a step: the engine thread shares each step with every request.
+        check_fits_tensors(sampling_params)
         stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())
 
         def add() -> None:

@@ -10,9 +10,16 @@ Filters apply in vLLM's order: temperature, then min_p, then top_k, then top_p.
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass, field
 
 GREEDY_EPS = 1e-5
+MAX_INT32 = 2**31 - 1  # token counts, top_k and token ids: far past any context or vocabulary
+# torch.Generator.manual_seed takes any signed or unsigned 64-bit seed (vLLM's server bounds it the same way)
+MIN_SEED, MAX_SEED = -(2**63), 2**64 - 1
+MAX_LOGPROBS = 20  # vLLM's default max_logprobs
+FLOAT32_MAX = 3.4028234663852886e38  # the sampler holds temperatures as float32
+SMALLEST_POSITIVE = math.ulp(0.0)  # x >= it is x > 0, for floats and ints alike
 
 
 class RequestOutputKind(enum.Enum):
@@ -39,40 +46,28 @@ class SamplingParams:
     stop_strings: list[str] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        _number("temperature", self.temperature)
-        _number("top_p", self.top_p)
-        _number("min_p", self.min_p)
-        _integer("top_k", self.top_k)
-        _integer("min_tokens", self.min_tokens)
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0 (0 means greedy), got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < -1:
-            raise ValueError(f"top_k must be 0 or -1 (disabled) or at least 1, got {self.top_k}")
-        if not 0 <= self.min_p <= 1:
-            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        # Every number is bounded to what the sampler's tensors and torch.Generator hold: a value past
+        # them would fail the step it is sampled in, and with it every request sharing that step.
+        _number("temperature", self.temperature, 0, FLOAT32_MAX, f"finite and in [0, {FLOAT32_MAX}] (0 means greedy)")
+        _number("top_p", self.top_p, SMALLEST_POSITIVE, 1, "in (0, 1]")
+        _number("min_p", self.min_p, 0, 1, "in [0, 1]")
+        _integer("top_k", self.top_k, -1, MAX_INT32, f"0 or -1 (disabled) or in [1, {MAX_INT32}]")
         if self.max_tokens is not None:
-            _integer("max_tokens", self.max_tokens)
-            if self.max_tokens < 1:
-                raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}")
-        if self.min_tokens < 0:
-            raise ValueError(f"min_tokens must be >= 0, got {self.min_tokens}")
+            _integer("max_tokens", self.max_tokens, 1, MAX_INT32)
+        _integer("min_tokens", self.min_tokens, 0, MAX_INT32)
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise ValueError(f"min_tokens must be <= max_tokens={self.max_tokens}, got {self.min_tokens}")
         if self.seed is not None:
-            _integer("seed", self.seed)
+            _integer("seed", self.seed, MIN_SEED, MAX_SEED)
         if self.logprobs is not None:
-            _integer("logprobs", self.logprobs)
-            if self.logprobs < 0:
-                raise ValueError(f"logprobs must be >= 0 (or None), got {self.logprobs}")
+            _integer("logprobs", self.logprobs, 0, MAX_LOGPROBS)
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         if not all(isinstance(s, str) and s for s in stops):
             raise ValueError(f"stop must be a non-empty string or a list of them, got {self.stop!r}")
         self.stop_strings = stops
         ids = list(self.stop_token_ids or [])
-        if not all(isinstance(i, int) and i >= 0 for i in ids):
-            raise ValueError(f"stop_token_ids must be non-negative token ids, got {self.stop_token_ids!r}")
+        if not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i <= MAX_INT32 for i in ids):
+            raise ValueError(f"stop_token_ids must be token ids in [0, {MAX_INT32}], got {self.stop_token_ids!r:.80}")
         self.stop_token_ids = ids
         if self.top_k == -1:
             self.top_k = 0
@@ -85,11 +80,16 @@ class SamplingParams:
         return self.temperature < GREEDY_EPS
 
 
-def _number(name: str, value) -> None:
+def _number(name: str, value, low: float, high: float, accepted: str) -> None:
+    """A number (not a bool) within [low, high]; NaN and infinities fail the comparison, so are refused."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
+        raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r:.40}")
+    if not low <= value <= high:
+        raise ValueError(f"{name} must be {accepted}, got {value!r:.40}")
 
 
-def _integer(name: str, value) -> None:
+def _integer(name: str, value, low: int, high: int, accepted: str | None = None) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}")
+        raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r:.40}")
+    if not low <= value <= high:
+        raise ValueError(f"{name} must be {accepted or f'in [{low}, {high}]'}, got {value}")

@@ -8,10 +8,9 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from minillm.sampling_params import RequestOutputKind, SamplingParams
+from minillm.sampling_params import MAX_INT32, MAX_LOGPROBS, MAX_SEED, MIN_SEED, RequestOutputKind, SamplingParams
 
 MAX_N = 128  # choices per request, as OpenAI caps it; each is a request in the engine
-MAX_LOGPROBS = 20
 
 
 class StreamOptions(BaseModel):
@@ -41,10 +40,14 @@ class SamplingRequest(BaseModel):
     include_stop_str_in_output: bool = False
 
     def sampling_params(self, max_tokens: int | None, logprobs: int | None, index: int) -> SamplingParams:
-        """The engine's parameters for choice `index`; SamplingParams raises ValueError naming the field."""
+        """The engine's parameters for choice `index`; SamplingParams raises ValueError naming the field
+        and its range, which the server answers with a 400."""
         for name in ("presence_penalty", "frequency_penalty"):
             if getattr(self, name):
                 raise ValueError(f"{name} is not supported by minillm; it must be 0")
+        if self.seed is not None and MIN_SEED <= self.seed <= MAX_SEED < self.seed + self.n - 1:
+            raise ValueError(f"seed must be in [{MIN_SEED}, {MAX_SEED - self.n + 1}] with n={self.n}: "
+                             "choice j samples with seed + j")
         return SamplingParams(
             temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, min_p=self.min_p,
             # Each of n choices is its own request: with a seed, each gets its own, as in vLLM.
@@ -82,7 +85,7 @@ class CompletionRequest(SamplingRequest):
 class ChatCompletionRequest(SamplingRequest):
     messages: list[dict[str, Any]] = Field(min_length=1)
     max_tokens: int | None = None  # until the context is full, as OpenAI's chat
-    max_completion_tokens: int | None = None
+    max_completion_tokens: int | None = Field(None, ge=1, le=MAX_INT32)  # OpenAI's newer name for max_tokens
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     add_generation_prompt: bool = True
@@ -100,6 +103,9 @@ class ChatCompletionRequest(SamplingRequest):
                 raise ValueError(f"messages[{i}].content must be a string or a list of text parts")
             out.append({**message, "role": role, "content": content})
         return out
+
+    def max_new_tokens(self) -> int | None:
+        return self.max_tokens if self.max_completion_tokens is None else self.max_completion_tokens
 
     def num_logprobs(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None

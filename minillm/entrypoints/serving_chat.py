@@ -27,9 +27,8 @@ def chat_outputs(engine: AsyncLLM, request: ChatCompletionRequest,
                  chat_template: str | None) -> tuple[str, int, AsyncIterator[Indexed]]:
     request_id = random_id("chatcmpl")
     prompt = render(engine.get_tokenizer(), request, chat_template)
-    max_tokens = request.max_completion_tokens or request.max_tokens
     outputs = fan_out(engine, request_id, [prompt],
-                      lambda j: request.sampling_params(max_tokens, request.num_logprobs(), j), request.n)
+                      lambda j: request.sampling_params(request.max_new_tokens(), request.num_logprobs(), j), request.n)
     return request_id, request.n, outputs
 
 

@@ -36,10 +36,22 @@ def fan_out(engine: AsyncLLM, request_id: str, prompts: list[dict],
         tokenized.append({"prompt": text, "prompt_token_ids": token_ids})
     for p in choice_params:
         engine.llm_engine.check_params(p)
+    max_tokens = choice_params[0].max_tokens  # the n choices share it
+    for prompt in tokenized:
+        check_fits_context(len(prompt["prompt_token_ids"]), max_tokens, engine.llm_engine.max_model_len)
     queued = {p * n + j: (f"{request_id}-{p * n + j}", prompt, choice_params[j])
               for p, prompt in enumerate(tokenized) for j in range(n)}
     streams = {index: engine.add_request(*args) for index, args in queued.items()}
     return _merge(engine, streams, [rid for rid, _, _ in queued.values()])
+
+
+def check_fits_context(num_prompt_tokens: int, max_tokens: int | None, max_model_len: int) -> None:
+    """Refuses, as vLLM's and OpenAI's servers do, a request whose prompt and max_tokens together pass
+    the context; the offline LLM.generate stops such a request at the context's end instead."""
+    if max_tokens is not None and num_prompt_tokens + max_tokens > max_model_len:
+        raise ValueError(f"the model's context length (max_model_len) is {max_model_len} tokens, but the prompt has "
+                         f"{num_prompt_tokens} tokens and max_tokens asks for {max_tokens} more: max_tokens must be "
+                         f"at most {max_model_len - num_prompt_tokens} for this prompt")
 
 
 async def _merge(engine: AsyncLLM, streams: dict[int, AsyncIterator[RequestOutput]],

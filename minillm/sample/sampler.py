@@ -15,11 +15,26 @@ from dataclasses import dataclass
 
 import torch
 
-from minillm.sampling_params import GREEDY_EPS
+from minillm.sampling_params import GREEDY_EPS, SamplingParams
 
 # Where the top-p boundary falls exactly on the cumulative sum, float rounding of the softmax
 # must not decide whether a token stays: mass within this tolerance counts as reaching top_p.
 _TOP_P_TOLERANCE = 1e-6
+
+
+# The SamplingParams fields that become one tensor each, one value per row.
+_COLUMN_DTYPES = {"temperature": torch.float32, "top_k": torch.long, "top_p": torch.float32, "min_p": torch.float32}
+
+
+def check_fits_tensors(params: SamplingParams) -> None:
+    """ValueError naming the field when one of params' values cannot be put in the sampler's tensors.
+    Checked as a request arrives, because a step that cannot build them fails every request in it."""
+    for name, dtype in _COLUMN_DTYPES.items():
+        value = getattr(params, name)
+        try:
+            torch.tensor([value], dtype=dtype)
+        except (RuntimeError, OverflowError, TypeError, ValueError) as e:
+            raise ValueError(f"{name}={value!r:.40} does not fit the sampler's {dtype} tensor: {e}") from e
 
 
 @dataclass
@@ -52,14 +67,17 @@ class SamplingMetadata:
         params = [s.params for s in seqs]
         offsets = offsets or [0] * len(seqs)
 
-        def column(values, dtype, unused):
-            return None if all(v == unused for v in values) else torch.tensor(values, dtype=dtype, device=device)
+        def column(name: str, unused: float | None = None) -> torch.Tensor | None:
+            values = [getattr(p, name) for p in params]
+            if unused is not None and all(v == unused for v in values):
+                return None
+            return torch.tensor(values, dtype=_COLUMN_DTYPES[name], device=device)
 
         return cls(
-            temperature=torch.tensor([p.temperature for p in params], dtype=torch.float32, device=device),
-            top_k=column([p.top_k for p in params], torch.long, 0),
-            top_p=column([p.top_p for p in params], torch.float32, 1.0),
-            min_p=column([p.min_p for p in params], torch.float32, 0.0),
+            temperature=column("temperature"),
+            top_k=column("top_k", 0),
+            top_p=column("top_p", 1.0),
+            min_p=column("min_p", 0.0),
             generators=[s.generator for s in seqs],
             banned_token_ids=[s.banned_token_ids(o) for s, o in zip(seqs, offsets)],
             num_logprobs=[p.logprobs for p in params],
@@ -79,8 +97,10 @@ def sampling_probs(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor
 
 
 def ban_tokens(logits: torch.Tensor, banned_token_ids: list[list[int]]) -> None:
+    vocab = logits.shape[-1]
     for row, banned in enumerate(banned_token_ids):
-        if banned:
+        # A stop token id past the vocabulary can never be sampled, so there is nothing to ban.
+        if banned := [i for i in banned if i < vocab]:
             logits[row, banned] = -math.inf
 
 

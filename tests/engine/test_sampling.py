@@ -129,17 +129,30 @@ def test_logprobs_are_raw_with_ranks():
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(temperature=-0.1), "temperature must be >= 0"),
+    (dict(temperature=-0.1), r"temperature must be finite and in \[0, "),
+    (dict(temperature=math.nan), "temperature must be finite"),
+    (dict(temperature=math.inf), "temperature must be finite"),
+    (dict(temperature=10**400), "temperature must be finite"),
     (dict(top_p=0.0), r"top_p must be in \(0, 1\]"),
     (dict(top_p=1.5), r"top_p must be in \(0, 1\]"),
-    (dict(top_k=-2), "top_k must be 0 or -1"),
+    (dict(top_p=math.nan), r"top_p must be in \(0, 1\]"),
+    (dict(top_k=-2), r"top_k must be 0 or -1 \(disabled\) or in \[1, 2147483647\]"),
+    (dict(top_k=2**63), r"top_k must be 0 or -1 \(disabled\) or in \[1, 2147483647\]"),
     (dict(min_p=1.5), r"min_p must be in \[0, 1\]"),
-    (dict(max_tokens=0), "max_tokens must be at least 1"),
-    (dict(min_tokens=-1), "min_tokens must be >= 0"),
+    (dict(min_p=-math.inf), r"min_p must be in \[0, 1\]"),
+    (dict(max_tokens=0), r"max_tokens must be in \[1, 2147483647\]"),
+    (dict(max_tokens=2**63), r"max_tokens must be in \[1, 2147483647\]"),
+    (dict(min_tokens=-1), r"min_tokens must be in \[0, 2147483647\]"),
+    (dict(min_tokens=2**31, max_tokens=None), r"min_tokens must be in \[0, 2147483647\]"),
     (dict(min_tokens=5, max_tokens=4), "min_tokens must be <= max_tokens=4"),
-    (dict(logprobs=-1), "logprobs must be >= 0"),
+    (dict(seed=2**64), r"seed must be in \[-9223372036854775808, 18446744073709551615\]"),
+    (dict(seed=-(2**63) - 1), r"seed must be in \[-9223372036854775808, 18446744073709551615\]"),
+    (dict(logprobs=-1), r"logprobs must be in \[0, 20\]"),
+    (dict(logprobs=21), r"logprobs must be in \[0, 20\]"),
     (dict(stop=[""]), "stop must be a non-empty string"),
-    (dict(stop_token_ids=[-1]), "stop_token_ids must be non-negative"),
+    (dict(stop_token_ids=[-1]), r"stop_token_ids must be token ids in \[0, 2147483647\]"),
+    (dict(stop_token_ids=[2**63]), r"stop_token_ids must be token ids in \[0, 2147483647\]"),
+    (dict(stop_token_ids=[True]), r"stop_token_ids must be token ids in \[0, 2147483647\]"),
 ])
 def test_bad_sampling_params_name_the_argument(kwargs, message):
     with pytest.raises(ValueError, match=message):
@@ -151,6 +164,16 @@ def test_wrong_types_are_type_errors():
         SamplingParams(max_tokens="16")
     with pytest.raises(TypeError, match="temperature must be a number"):
         SamplingParams(temperature=None)
+    with pytest.raises(TypeError, match="seed must be an integer"):
+        SamplingParams(seed=1.5)
+
+
+def test_the_largest_accepted_values_sample():
+    params = SamplingParams(top_k=2**31 - 1, seed=2**64 - 1, max_tokens=2**31 - 1, min_tokens=2**31 - 1,
+                            logprobs=20, temperature=3e38, stop_token_ids=[2**31 - 1])
+    seq = _FakeSeq(params, torch.Generator().manual_seed(params.seed), banned=params.stop_token_ids)
+    out = Sampler(torch.Generator())(torch.randn(1, 50), SamplingMetadata.from_seqs([seq], torch.device("cpu")))
+    assert out.token_ids[0] in range(50) and len(out.top_token_ids[0]) == 20
 
 
 def test_greedy_switches_filters_off_and_minus_one_top_k_means_off():

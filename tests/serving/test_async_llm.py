@@ -69,3 +69,21 @@ def test_a_failing_step_fails_every_caller_and_later_ones():
     with pytest.raises(EngineDeadError):
         asyncio.run(one(0))
     engine.shutdown()  # idempotent on a dead engine
+
+
+def test_a_request_whose_sampling_tensors_cannot_be_built_fails_alone():
+    engine = AsyncLLM("tiny", **ENGINE)
+    bad = SamplingParams(temperature=1.0, max_tokens=4)
+    bad.top_k = 2**63  # set after validation: no value of one request may stop the engine loop
+
+    async def main():
+        with pytest.raises(ValueError, match="top_k"):
+            async for _ in engine.generate(PROMPTS[0], bad, "bad"):
+                pass
+        return [out async for out in engine.generate(PROMPTS[1], SamplingParams(max_tokens=4), "ok")], engine.errored
+
+    try:
+        outs, errored = asyncio.run(main())
+    finally:
+        engine.shutdown()
+    assert outs[-1].finished and len(outs[-1].outputs[0].token_ids) == 4 and not errored

@@ -134,14 +134,15 @@ def test_64_concurrent_streams_then_100_cancelled(server, reference):
         return "".join([c.choices[0].text async for c in chunks])
 
     async def cancelled(client: openai.AsyncOpenAI, i: int) -> None:
-        # Half stream, half wait for the whole answer: both give up after 0.5 s and hang up.
+        # Half stream, half wait for the whole answer: both give up after 0.5 s and hang up. The longest
+        # prompt has 63 tokens: with 190 more the request still fits the context of 256.
         with pytest.raises(TimeoutError):
             async with asyncio.timeout(0.5):
                 if i % 2:
-                    await client.completions.create(model="tiny", prompt=prompts[i % 64], max_tokens=200,
+                    await client.completions.create(model="tiny", prompt=prompts[i % 64], max_tokens=190,
                                                     temperature=0, extra_body={"ignore_eos": True})
                 else:
-                    await stream(client, prompts[i % 64], 200, extra_body={"ignore_eos": True})
+                    await stream(client, prompts[i % 64], 190, extra_body={"ignore_eos": True})
 
     async def main() -> list[str]:
         async with openai.AsyncOpenAI(base_url=server.base_url, api_key="none", max_retries=0) as client:
@@ -242,10 +243,11 @@ def test_serve_takes_every_engine_argument_by_vllms_flag():
 
     args = build_parser().parse_args([
         "serve", "tiny", "--port", "9000", "--max-num-seqs", "4", "--no-enable-prefix-caching", "--quantization",
-        "int8", "--kv-cache-dtype", "int8", "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 2}'])
+        "int8", "--kv-cache-dtype", "int8", "--scheduling-policy", "fcfs", "--speculative-config",
+        '{"method": "ngram", "num_speculative_tokens": 2}'])
     assert (args.model, args.host, args.port) == ("tiny", "127.0.0.1", 9000)
     assert engine_kwargs(args) == {"max_num_seqs": 4, "enable_prefix_caching": False, "quantization": "int8",
-                                   "kv_cache_dtype": "int8"}
+                                   "kv_cache_dtype": "int8", "scheduling_policy": "fcfs"}
     assert speculative_config(args) == {"method": "ngram", "num_speculative_tokens": 2}
 
 

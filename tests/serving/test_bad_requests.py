@@ -1,0 +1,70 @@
+"""Requests with extreme values get a 400 naming the field, and never stop the server serving."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from minillm.entrypoints.background import BackgroundServer
+
+ENGINE = {"dtype": "float32", "max_model_len": 256, "max_num_seqs": 4}
+MESSAGES = [{"role": "user", "content": "x"}]
+
+
+@pytest.fixture(scope="module")
+def server():
+    with BackgroundServer("tiny", **ENGINE) as s:
+        yield s
+
+
+def post(server: BackgroundServer, route: str, body: dict | str) -> httpx.Response:
+    content = body if isinstance(body, str) else json.dumps(body)
+    return httpx.post(server.base_url + route, content=content, headers={"content-type": "application/json"},
+                      timeout=30)
+
+
+def assert_still_serving(server: BackgroundServer) -> None:
+    assert httpx.get(server.url + "/health", timeout=10).status_code == 200
+    ok = post(server, "/completions", {"prompt": "x", "max_tokens": 2})
+    assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 2
+
+
+@pytest.mark.parametrize("route, body, words", [
+    ("/completions", {"prompt": "x", "max_tokens": 3, "temperature": 1, "top_k": 2**63}, "top_k"),
+    ("/completions", {"prompt": "x", "max_tokens": 3, "temperature": 1, "top_k": 2**63, "stream": True}, "top_k"),
+    ("/completions", {"prompt": "x", "max_tokens": 3, "seed": 2**64}, "seed"),
+    ("/completions", {"prompt": "x", "max_tokens": 3, "seed": 2**64, "stream": True}, "seed"),
+    ("/completions", {"prompt": "x", "max_tokens": 3, "seed": 2**64 - 1, "n": 2}, "seed"),
+    ("/completions", {"prompt": "x", "max_tokens": 2**63}, "max_tokens"),
+    ("/completions", {"prompt": "x", "max_tokens": 3, "min_tokens": 2**63}, "min_tokens"),
+    ("/completions", '{"prompt": "x", "max_tokens": 3, "temperature": NaN}', "temperature"),
+    ("/completions", '{"prompt": "x", "max_tokens": 3, "top_p": Infinity}', "top_p"),
+    ("/completions", {"prompt": "x", "max_tokens": 3, "stop_token_ids": [2**63]}, "stop_token_ids"),
+    ("/completions", {"prompt": list(range(1, 201)), "max_tokens": 100}, "max_tokens"),
+    ("/chat/completions", {"messages": MESSAGES, "max_completion_tokens": 0}, "max_completion_tokens"),
+    ("/chat/completions", {"messages": MESSAGES, "max_completion_tokens": 1000}, "max_tokens"),
+    ("/chat/completions", '{"messages": [{"role": "user", "content": "x"}], "temperature": -Infinity}',
+     "temperature"),
+])
+def test_extreme_values_get_a_400_naming_the_field(server, route, body, words):
+    reply = post(server, route, body)
+    assert reply.status_code == 400, reply.text
+    error = reply.json()["error"]
+    assert words in error["message"] and error["code"] == 400 and error["type"] == "BadRequestError"
+    assert_still_serving(server)
+
+
+def test_a_prompt_and_max_tokens_past_the_context_name_both_lengths(server):
+    error = post(server, "/completions", {"prompt": list(range(1, 201)), "max_tokens": 57}).json()["error"]
+    assert "256" in error["message"] and "200" in error["message"] and "57" in error["message"]
+    exactly = post(server, "/completions", {"prompt": list(range(1, 201)), "max_tokens": 56, "ignore_eos": True})
+    assert exactly.status_code == 200 and exactly.json()["usage"]["completion_tokens"] == 56
+
+
+def test_stop_token_ids_past_the_vocabulary_never_match_and_break_nothing(server):
+    reply = post(server, "/completions", {"prompt": "x", "max_tokens": 3, "min_tokens": 3,
+                                          "stop_token_ids": [10**6]})
+    assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] == 3
+    assert_still_serving(server)
