@@ -6,7 +6,8 @@ each, and the CPU needs tens of microseconds of Python to issue each one: the GP
 A CUDA graph records the launches of one step once and replays them all with a single call.
 
 A graph replays fixed shapes at fixed addresses. So the step's inputs are copied into buffers
-allocated once (input_buffers.py), sized for the largest batch, and a graph is captured for each
+allocated once (input_buffers.py, and the paged attention backend's metadata tensors), sized for
+the largest batch, and a graph is captured for each
 of a few batch sizes (`capture_sizes`); a batch of n sequences replays the smallest one that holds it, padded. Padding
 rows are harmless: slot -1 (their K and V are not stored) and length 0 (they attend to nothing,
 and the decode kernel gives them zeros). The attention kernel is captured for max_model_len, its

@@ -1,5 +1,6 @@
 """Runs one scheduled step in three parts: `prepare` flattens the batch into the runner's persistent
-input buffers, `execute` runs the model and computes logits where tokens are due, `sample` turns
+input buffers (and has the attention backend build its metadata in its own), `execute` runs the
+model and computes logits where tokens are due, `sample` turns
 them into tokens, a list for each sequence. Pure decode steps replay CUDA graphs where they were
 captured (cuda_graph.py).
 

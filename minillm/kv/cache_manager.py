@@ -1,5 +1,5 @@
-"""One interface over the three KV caches the engine can run with, so that the scheduler and the
-model runner never ask which one they have:
+"""One interface over the three KV caches the engine can run with, so that the scheduler never asks
+which one it has:
 
 - "paged": blocks from one preallocated pool (kv/pool.py), handed out by the block manager;
 - "contiguous": one buffer per sequence, reserved for its longest possible length (kv/contiguous_cache.py);
@@ -7,7 +7,7 @@ model runner never ask which one they have:
 
 The scheduler allocates, appends and frees through it and tells it what each step computed. It keeps
 the scheduler's bookkeeping only: reading and writing K and V in a step is the attention backend's
-work (minillm/attention), which the model runner builds over the manager's storage.
+work (minillm/attention: attention/selector.py picks the backend for a cache, over its storage).
 """
 
 from __future__ import annotations
