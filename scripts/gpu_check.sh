@@ -1,11 +1,19 @@
 #!/usr/bin/env bash
-# The GPU evidence in one command: GPU tests and GPU benchmarks, JSON and logs per step and one
-# summary.md in OUTDIR. Runs from a checkout with no install (the repo goes on PYTHONPATH), offline,
-# on a machine with torch, triton, transformers, safetensors, tokenizers, pytest and hypothesis.
+# The GPU evidence in one command that fits a short loan of a GPU: the open targets first, then the
+# GPU tests beside every notebook, then serving. Each step has an estimate (seconds on one H100) and
+# starts only while the budget has room for it; a step is cut at the budget, so a run always ends in
+# time with what it measured: a log (and JSON) per step, and summary.md with each step's result and
+# time and each target's PASS / FAIL / NOT RUN.
 #
-#   scripts/gpu_check.sh OUTDIR            # on a CUDA machine: 6 minutes on one H100, spec steps aside
-#   scripts/gpu_check.sh OUTDIR --dry-run  # anywhere: checks the wiring, every step skipped
-#   GPU_CHECK_STEPS="tests attention" scripts/gpu_check.sh OUTDIR   # a subset, to fit a time slot
+#   scripts/gpu_check.sh OUTDIR            # on a CUDA machine: about 9 minutes on one H100
+#   scripts/gpu_check.sh OUTDIR --dry-run  # anywhere: the tiers, steps and estimates; nothing runs
+#   GPU_CHECK_BUDGET=300 scripts/gpu_check.sh OUTDIR         # seconds for all steps (default 540)
+#   GPU_CHECK_STEPS="tests notebooks" scripts/gpu_check.sh OUTDIR   # a subset
+#
+# Runs from a checkout with no install (the repo goes on PYTHONPATH), offline, on a machine with torch,
+# triton, transformers, safetensors, tokenizers and pytest. The notebooks and serving steps need the
+# wheels that scripts/gpu_wheels.sh puts in .whl (installed here into a temporary folder), and are
+# skipped, with the reason, without them.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -15,74 +23,149 @@ DRY=0
 mkdir -p "$OUTDIR"
 OUTDIR=$(cd "$OUTDIR" && pwd)
 PY=${PYTHON:-python3}
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 TQDM_DISABLE=1 PYTHONUNBUFFERED=1
-ALL_STEPS="env tests attention quant model decode host throughput spec spec-large"
-STEPS=${GPU_CHECK_STEPS:-$ALL_STEPS}
+REPO=$PWD
+export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 TQDM_DISABLE=1 PYTHONUNBUFFERED=1
+BUDGET=${GPU_CHECK_BUDGET:-540}
 MODEL_DIR=${GPU_CHECK_MODEL_DIR:-/tmp/minillm-random-llama}
-DRAFT_DIR=${GPU_CHECK_DRAFT_DIR:-/tmp/minillm-random-draft}
+WHEELS=${GPU_CHECK_WHEELS:-.whl}
+SITE=/tmp/minillm-gpu-check-site
 SUMMARY="$OUTDIR/summary.md"
+# Tier 1, the targets of the open GPU work, timed alone; tier 2, correctness, its two steps side by
+# side; tier 3, serving.
+TIER1="env kernels attention decode spec throughput quant host"
+TIER2="tests notebooks"
+TIER3="serve"
+STEPS=${GPU_CHECK_STEPS:-$TIER1 $TIER2 $TIER3}
 
 if [ $DRY = 0 ] && ! $PY -c "import torch, sys; sys.exit(not torch.cuda.is_available())" 2>/dev/null; then
-    echo "no CUDA device: running dry (every step skipped)"
+    echo "no CUDA device: running dry (nothing runs)"
     DRY=1
 fi
 
 {
     echo "# minillm GPU check"
     echo
-    echo "$(date -u +%Y-%m-%dT%H:%MZ), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+    echo "$(date -u +%Y-%m-%dT%H:%MZ), commit ${GPU_CHECK_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}, budget ${BUDGET} s"
     echo
-    echo "| step | result | seconds | log |"
-    echo "| --- | --- | ---: | --- |"
+    echo "| tier | step | result | seconds (estimate) | log |"
+    echo "| --- | --- | --- | ---: | --- |"
 } >"$SUMMARY"
 
-# step NAME LIMIT_S COMMAND...: runs COMMAND with its output in NAME.log, one summary row.
-step() {
-    local name=$1 limit=$2
-    shift 2
-    case " $STEPS " in *" $name "*) ;; *) echo "| $name | skipped: not in GPU_CHECK_STEPS | | |" >>"$SUMMARY"; return;; esac
+# plan TIER NAME ESTIMATE: whether the step runs now; if not, its summary row says why.
+plan() {
+    local tier=$1 name=$2 estimate=$3 left=$((BUDGET - SECONDS))
+    case " $STEPS " in *" $name "*) ;; *) echo "| $tier | $name | NOT RUN: not in GPU_CHECK_STEPS | ($estimate) | |" >>"$SUMMARY"; return 1;; esac
     if [ $DRY = 1 ]; then
-        echo "| $name | skipped: dry run (would run: $*) | | |" >>"$SUMMARY"
-        return
+        echo "| $tier | $name | NOT RUN: dry run (would run: ${*:4}) | ($estimate) | |" >>"$SUMMARY"
+        return 1
     fi
-    echo "== $name: $*"
-    local start=$SECONDS rc
-    timeout "$limit" "$@" >"$OUTDIR/$name.log" 2>&1
-    rc=$?
-    local result="ok"
-    [ $rc = 124 ] && result="TIMED OUT after ${limit}s"
-    [ $rc != 0 ] && [ $rc != 124 ] && result="FAILED (exit $rc)"
-    echo "| $name | $result | $((SECONDS - start)) | $name.log |" >>"$SUMMARY"
-    tail -n 40 "$OUTDIR/$name.log"
+    if [ "$estimate" -gt "$left" ]; then
+        echo "| $tier | $name | NOT RUN: ${left} s of the budget left | ($estimate) | |" >>"$SUMMARY"
+        return 1
+    fi
 }
 
-# pytest-xdist, where it is installed, runs the GPU tests in parallel on the one GPU.
-XDIST=$($PY -c "import xdist" 2>/dev/null && echo "-n 8")
-step env 60 bash -c "nvidia-smi; $PY -m minillm.cli env"
-step tests 420 $PY -m pytest -q -p no:cacheprovider $XDIST --timeout=240 -rfE \
-    tests/kernels/test_gpu.py tests/kernels/test_kernels.py tests/kernels/test_quant_kernels.py tests/test_kv_int8.py \
-    tests/engine/test_paged_engine.py tests/model/test_hf_parity.py tests/engine/test_cuda_graph.py tests/engine/test_device.py \
-    tests/bench/test_bench_decode.py tests/engine/test_spec_decode.py --junitxml="$OUTDIR/tests.xml"
-step attention 120 $PY -m minillm.cli bench attention --out "$OUTDIR/attention.json"
-step quant 150 $PY -m minillm.cli bench quant --model tiny --device cuda --num-prompts 16 --num-tokens 32 \
-    --out "$OUTDIR/quant.json"
-# A 1.1B Llama (TinyLlama's shape) with random weights: the text does not matter, the shapes do.
-step model 180 $PY scripts/random_llama.py "$MODEL_DIR" --hidden 2048 --layers 22 --heads 32 --kv-heads 4 \
-    --intermediate 5632 --vocab 32000
-step decode 240 $PY -m minillm.cli bench decode --model "$MODEL_DIR" --dtype bfloat16 --out "$OUTDIR/decode.json"
-# Host time per step by phase (schedule, prepare, execute, sample, update): what bounds a small model.
-step host 120 $PY -m minillm.cli bench step --device cuda --out "$OUTDIR/step.json"
-step throughput 300 $PY -m minillm.cli bench throughput --model "$MODEL_DIR" --device cuda --dtype bfloat16 \
-    --out "$OUTDIR/throughput.json"
-# Speculative decoding with the shipped pair: plain against draft model, n-gram and draft = target.
-step spec 300 $PY -m minillm.cli bench spec --device cuda --ks 1 2 4 8 --batch-sizes 1 4 16 64 \
-    --num-tokens 96 --out "$OUTDIR/spec.json"
-# The 1.1B target with a random 0.1B draft of its vocabulary: the draft's cost c at a realistic size
-# (random weights accept almost nothing; draft = target measures the machinery at alpha = 1).
-step spec-large 300 bash -c "$PY scripts/random_llama.py $DRAFT_DIR --hidden 768 --layers 12 --heads 12 \
-    --kv-heads 4 --intermediate 2048 --vocab 32000 && $PY -m minillm.cli bench spec --model $MODEL_DIR \
-    --draft $DRAFT_DIR --device cuda --dtype bfloat16 --methods draft_model draft=target --ks 2 4 \
-    --batch-sizes 1 16 --temperatures 0 --num-tokens 64 --out $OUTDIR/spec-large.json"
+# finish TIER NAME RC START ESTIMATE: the step's summary row and the end of its log.
+finish() {
+    local result="ok"
+    [ "$3" = 124 ] && result="CUT at the budget"
+    [ "$3" != 0 ] && [ "$3" != 124 ] && result="FAILED (exit $3)"
+    echo "| $1 | $2 | $result | $((SECONDS - $4)) ($5) | $2.log |" >>"$SUMMARY"
+    echo "== $2: $result"
+    tail -n 25 "$OUTDIR/$2.log"
+}
 
+# step TIER NAME ESTIMATE COMMAND...: runs COMMAND, cut where the budget ends, output in NAME.log.
+step() {
+    local tier=$1 name=$2 estimate=$3
+    shift 3
+    plan "$tier" "$name" "$estimate" "$@" || return 0
+    echo "== $name: $*"
+    local start=$SECONDS
+    timeout $((BUDGET - SECONDS)) "$@" >"$OUTDIR/$name.log" 2>&1
+    finish "$tier" "$name" $? $start "$estimate"
+}
+
+# side_by_side TIER ESTIMATE NAME1 "CMD1" NAME2 "CMD2": two steps at once (both correctness, untimed).
+side_by_side() {
+    local tier=$1 estimate=$2 start=$SECONDS pids=() names=()
+    shift 2
+    while [ $# -gt 0 ]; do
+        if plan "$tier" "$1" "$estimate" "$2"; then
+            echo "== $1: $2"
+            timeout $((BUDGET - SECONDS)) bash -c "$2" >"$OUTDIR/$1.log" 2>&1 &
+            pids+=($!)
+            names+=("$1")
+        fi
+        shift 2
+    done
+    for i in "${!pids[@]}"; do
+        wait "${pids[$i]}"
+        finish "$tier" "${names[$i]}" $? $start "$estimate"
+    done
+}
+
+# Python packages the notebooks and the server need, where the wheels came along.
+NOWHEELS="no wheels in $WHEELS (run scripts/gpu_wheels.sh where pip works)"
+if [ $DRY = 0 ] && ls "$WHEELS"/*.whl >/dev/null 2>&1; then
+    $PY scripts/install_wheels.py "$WHEELS" "$SITE" >"$OUTDIR/wheels.log" 2>&1 && NOWHEELS=""
+    [ -n "$NOWHEELS" ] || echo "installed the wheels ($(tail -1 "$OUTDIR/wheels.log"))"
+    [ -z "$NOWHEELS" ] || NOWHEELS="the wheels did not install: wheels.log"
+fi
+# wheels_for TIER NAME ESTIMATE: true where the step's wheels are installed (or on a dry run).
+wheels_for() {
+    [ $DRY = 1 ] || [ -z "$NOWHEELS" ] && return 0
+    case " $STEPS " in *" $2 "*) echo "| $1 | $2 | NOT RUN: $NOWHEELS | ($3) | |" >>"$SUMMARY";; esac
+    return 1
+}
+
+step 1 env 15 bash -c "nvidia-smi; $PY -m minillm.cli env"
+# A 1.1B Llama (TinyLlama's shape) with random weights, written while the first steps run: the text
+# does not matter, the shapes do.
+if [ $DRY = 0 ]; then
+    $PY scripts/random_llama.py "$MODEL_DIR" --hidden 2048 --layers 22 --heads 32 --kv-heads 4 \
+        --intermediate 5632 --vocab 32000 >"$OUTDIR/model.log" 2>&1 &
+    MODEL_PID=$!
+fi
+step 1 kernels 25 $PY -m minillm.cli bench kernels --models tiny --kernels torch triton --out "$OUTDIR/kernels.json"
+step 1 attention 15 $PY -m minillm.cli bench attention --out "$OUTDIR/attention.json"
+[ $DRY = 1 ] || wait $MODEL_PID || echo "writing the 1.1B model failed: model.log"
+step 1 decode 45 bash -c "$PY -m minillm.cli bench decode --model $MODEL_DIR --dtype bfloat16 \
+    --out $OUTDIR/decode.json && $PY -m minillm.cli bench kernels --models $MODEL_DIR --dtype bfloat16 \
+    --out $OUTDIR/kernels-1b.json"
+# Speculative decoding at batch 1, greedy: the course's pair (draft model, n-gram) and, on the 1.1B
+# model, draft = target, whose verification cost v is the target's.
+step 1 spec 60 bash -c "$PY -m minillm.cli bench spec --device cuda --ks 2 4 --batch-sizes 1 16 \
+    --temperatures 0 --num-tokens 96 --out $OUTDIR/spec.json && $PY -m minillm.cli bench spec \
+    --model $MODEL_DIR --device cuda --dtype bfloat16 --methods draft=target --ks 4 --batch-sizes 1 \
+    --temperatures 0 --num-tokens 64 --out $OUTDIR/spec-1b.json"
+step 1 throughput 110 $PY -m minillm.cli bench throughput --model "$MODEL_DIR" --device cuda --dtype bfloat16 \
+    --out "$OUTDIR/throughput.json"
+step 1 quant 40 $PY -m minillm.cli bench quant --model tiny --device cuda --num-prompts 16 --num-tokens 32 \
+    --out "$OUTDIR/quant.json"
+# Host time per step by phase (schedule, prepare, execute, sample, update): what bounds a small model.
+step 1 host 30 $PY -m minillm.cli bench step --device cuda --steps 30 --out "$OUTDIR/step.json"
+
+# pytest-xdist, where it is installed, runs the GPU tests in parallel on the one GPU.
+XDIST=$($PY -c "import xdist" 2>/dev/null && echo "-n 6")
+TESTS="$PY -m pytest -q -p no:cacheprovider $XDIST --timeout=240 -rfE tests/kernels/test_gpu.py tests/kernels/test_kernels.py \
+    tests/kernels/test_quant_kernels.py tests/kernels/test_kv_int8.py tests/model/test_hf_parity.py \
+    tests/model/test_kernel_ops.py tests/engine/test_paged_engine.py tests/engine/test_cuda_graph.py \
+    tests/engine/test_device.py tests/engine/test_spec_decode.py tests/bench/test_bench_decode.py \
+    tests/bench/test_bench_kernels.py --junitxml=$OUTDIR/tests.xml"
+# The notebooks import the installed copy (with minillm.widgets), on the shipped pair unless
+# MINILLM_MODEL / MINILLM_DRAFT_MODEL name others.
+NOTEBOOKS="PYTHONPATH=$SITE MINILLM_MODEL=\${MINILLM_MODEL:-tiny} MINILLM_DRAFT_MODEL=\${MINILLM_DRAFT_MODEL:-tiny-draft} \
+    $PY scripts/run_notebooks.py $OUTDIR/notebooks --jobs 6"
+if wheels_for 2 notebooks 200; then
+    side_by_side 2 200 tests "$TESTS" notebooks "$NOTEBOOKS"
+else
+    side_by_side 2 200 tests "$TESTS"
+fi
+wheels_for 3 serve 45 && step 3 serve 45 env PYTHONPATH=$SITE $PY -m minillm.cli bench serve --model tiny \
+    --device cuda --num-prompts 64 --request-rate 8,inf --out "$OUTDIR/serve.json"
+
+[ $DRY = 1 ] || $PY -m minillm.bench.targets "$OUTDIR" >>"$SUMMARY" 2>"$OUTDIR/targets.log" \
+    || echo "the targets table failed: targets.log"
 echo
 cat "$SUMMARY"

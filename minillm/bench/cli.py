@@ -25,6 +25,20 @@ def _bench_kv_cache(args) -> None:
     print(f"wrote {args.out}")
 
 
+def _bench_kernels(args) -> None:
+    from minillm.bench.kernels import COLUMNS, bench_kernels
+    from minillm.bench.report import format_table, write_json
+
+    rows, summary = bench_kernels(tuple(args.models), tuple(args.kernels), args.batch, args.steps,
+                                  device=args.device, dtype=args.dtype)
+    print(format_table(rows, COLUMNS))
+    for row in rows:
+        print(f"one layer of {row['model']} ({row['kernel']}): " + ", ".join(f"{op} {n}" for op, n in
+                                                                              row["layer_ops"].items()))
+    write_json(args.out, "kernels", _bench_config(args), rows, summary)
+    print(f"wrote {args.out}")
+
+
 def _bench_config(args) -> dict:
     """The benchmark's arguments as they go into its JSON: what was measured, not where it went."""
     return {k: v for k, v in vars(args).items() if k not in ("func", "out", "command", "benchmark")}
@@ -213,6 +227,14 @@ def add_bench_commands(sub: argparse._SubParsersAction, model_args: Callable[[ar
     quant_bench.add_argument("--max-eval-tokens", type=int, default=None, help="cut the held-out text")
     quant_bench.add_argument("--num-prompts", type=int, default=32)
     quant_bench.add_argument("--num-tokens", type=int, default=32)
+    kern = bench_command("kernels", "kernel launches per decoder layer per decode step (the dispatcher's count; "
+                         "on CUDA the profiler's too)", _bench_kernels, model=False)
+    kern.add_argument("--models", nargs="+", default=["tiny"])
+    kern.add_argument("--kernels", nargs="+", default=["auto"], choices=["auto", "torch", "triton"])
+    kern.add_argument("--batch", type=int, default=1)
+    kern.add_argument("--steps", type=int, default=3, help="decode steps counted")
+    kern.add_argument("--device", default=None)
+    kern.add_argument("--dtype", default="auto")
     step = bench_command("step", "host time of a decode step by phase (schedule, prepare, execute, sample, "
                          "update), here and at another git revision", _bench_step)
     step.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16, 64])

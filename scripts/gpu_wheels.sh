@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Wheels for a GPU machine that has torch, triton and transformers but no pip index: what the
+# notebooks (nbclient, ipykernel, ipywidgets, plotly, anywidget) and the server (FastAPI, uvicorn,
+# the openai client) need, with everything they depend on, for CPython 3.12 on x86-64 Linux. Run it
+# where pip reaches an index; the folder (ignored by git) travels with the checkout, and
+# scripts/gpu_check.sh installs from it whatever that machine lacks.
+#
+#   scripts/gpu_wheels.sh [DIR]            # default .whl; prints the count, the size and the install line
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DIR=${1:-.whl}
+PY=${PYTHON:-python3}
+REQUIREMENTS=(nbclient nbformat ipykernel "ipywidgets>=7.7,<9" plotly anywidget fastapi uvicorn openai
+              prometheus-client)
+
+mkdir -p "$DIR"
+$PY -m pip download -q --disable-pip-version-check --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+    --platform any -d "$DIR" "${REQUIREMENTS[@]}"
+count=$(ls "$DIR"/*.whl | wc -l)
+bytes=$(du -cb "$DIR"/*.whl | tail -1 | cut -f1)
+echo "$count wheels, $((bytes / 1024 / 1024)) MiB in $DIR"
+echo "install on the GPU machine (only what it lacks): $PY scripts/install_wheels.py $DIR /tmp/site"
