@@ -5,7 +5,7 @@
 # time with what it measured: a log (and JSON) per step, and summary.md with each step's result and
 # time and each target's PASS / FAIL / NOT RUN.
 #
-#   scripts/gpu_check.sh OUTDIR            # on a CUDA machine: about 9 minutes on one H100
+#   scripts/gpu_check.sh OUTDIR            # on a CUDA machine: 7 min 48 s on one H100 (2026-11-26)
 #   scripts/gpu_check.sh OUTDIR --dry-run  # anywhere: the tiers, steps and estimates; nothing runs
 #   GPU_CHECK_BUDGET=300 scripts/gpu_check.sh OUTDIR         # seconds for all steps (default 540)
 #   GPU_CHECK_STEPS="tests notebooks" scripts/gpu_check.sh OUTDIR   # a subset
@@ -119,7 +119,7 @@ wheels_for() {
     return 1
 }
 
-step 1 env 15 bash -c "nvidia-smi; $PY -m minillm.cli env"
+step 1 env 10 bash -c "nvidia-smi; $PY -m minillm.cli env"
 # A 1.1B Llama (TinyLlama's shape) with random weights, written while the first steps run: the text
 # does not matter, the shapes do.
 if [ $DRY = 0 ]; then
@@ -127,24 +127,24 @@ if [ $DRY = 0 ]; then
         --intermediate 5632 --vocab 32000 >"$OUTDIR/model.log" 2>&1 &
     MODEL_PID=$!
 fi
-step 1 kernels 25 $PY -m minillm.cli bench kernels --models tiny --kernels torch triton --out "$OUTDIR/kernels.json"
-step 1 attention 15 $PY -m minillm.cli bench attention --out "$OUTDIR/attention.json"
+step 1 kernels 20 $PY -m minillm.cli bench kernels --models tiny --kernels torch triton --out "$OUTDIR/kernels.json"
+step 1 attention 12 $PY -m minillm.cli bench attention --out "$OUTDIR/attention.json"
 [ $DRY = 1 ] || wait $MODEL_PID || echo "writing the 1.1B model failed: model.log"
-step 1 decode 45 bash -c "$PY -m minillm.cli bench decode --model $MODEL_DIR --dtype bfloat16 \
+step 1 decode 40 bash -c "$PY -m minillm.cli bench decode --model $MODEL_DIR --dtype bfloat16 \
     --out $OUTDIR/decode.json && $PY -m minillm.cli bench kernels --models $MODEL_DIR --dtype bfloat16 \
     --out $OUTDIR/kernels-1b.json"
 # Speculative decoding at batch 1, greedy: the course's pair (draft model, n-gram) and, on the 1.1B
 # model, draft = target, whose verification cost v is the target's.
-step 1 spec 60 bash -c "$PY -m minillm.cli bench spec --device cuda --ks 2 4 --batch-sizes 1 16 \
+step 1 spec 55 bash -c "$PY -m minillm.cli bench spec --device cuda --ks 2 4 --batch-sizes 1 16 \
     --temperatures 0 --num-tokens 96 --out $OUTDIR/spec.json && $PY -m minillm.cli bench spec \
     --model $MODEL_DIR --device cuda --dtype bfloat16 --methods draft=target --ks 4 --batch-sizes 1 \
     --temperatures 0 --num-tokens 64 --out $OUTDIR/spec-1b.json"
-step 1 throughput 110 $PY -m minillm.cli bench throughput --model "$MODEL_DIR" --device cuda --dtype bfloat16 \
+step 1 throughput 95 $PY -m minillm.cli bench throughput --model "$MODEL_DIR" --device cuda --dtype bfloat16 \
     --out "$OUTDIR/throughput.json"
 step 1 quant 40 $PY -m minillm.cli bench quant --model tiny --device cuda --num-prompts 16 --num-tokens 32 \
     --out "$OUTDIR/quant.json"
 # Host time per step by phase (schedule, prepare, execute, sample, update): what bounds a small model.
-step 1 host 30 $PY -m minillm.cli bench step --device cuda --steps 30 --out "$OUTDIR/step.json"
+step 1 host 15 $PY -m minillm.cli bench step --device cuda --steps 30 --out "$OUTDIR/step.json"
 
 # pytest-xdist, where it is installed, runs the GPU tests in parallel on the one GPU.
 XDIST=$($PY -c "import xdist" 2>/dev/null && echo "-n 6")
@@ -157,12 +157,12 @@ TESTS="$PY -m pytest -q -p no:cacheprovider $XDIST --timeout=240 -rfE tests/kern
 # MINILLM_MODEL / MINILLM_DRAFT_MODEL name others.
 NOTEBOOKS="PYTHONPATH=$SITE MINILLM_MODEL=\${MINILLM_MODEL:-tiny} MINILLM_DRAFT_MODEL=\${MINILLM_DRAFT_MODEL:-tiny-draft} \
     $PY scripts/run_notebooks.py $OUTDIR/notebooks --jobs 6"
-if wheels_for 2 notebooks 200; then
-    side_by_side 2 200 tests "$TESTS" notebooks "$NOTEBOOKS"
+if wheels_for 2 notebooks 190; then
+    side_by_side 2 190 tests "$TESTS" notebooks "$NOTEBOOKS"
 else
-    side_by_side 2 200 tests "$TESTS"
+    side_by_side 2 190 tests "$TESTS"
 fi
-wheels_for 3 serve 45 && step 3 serve 45 env PYTHONPATH=$SITE $PY -m minillm.cli bench serve --model tiny \
+wheels_for 3 serve 35 && step 3 serve 35 env PYTHONPATH=$SITE $PY -m minillm.cli bench serve --model tiny \
     --device cuda --num-prompts 64 --request-rate 8,inf --out "$OUTDIR/serve.json"
 
 [ $DRY = 1 ] || $PY -m minillm.bench.targets "$OUTDIR" >>"$SUMMARY" 2>"$OUTDIR/targets.log" \

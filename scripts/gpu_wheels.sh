@@ -5,13 +5,15 @@
 # where pip reaches an index; the folder (ignored by git) travels with the checkout, and
 # scripts/gpu_check.sh installs from it whatever that machine lacks.
 #
-#   scripts/gpu_wheels.sh [DIR]            # default .whl; prints the count, the size and the install line
+#   scripts/gpu_wheels.sh [DIR [REQUIREMENT...]]   # default .whl and the list below; prints the count,
+#                                                  # the size and the install line
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DIR=${1:-.whl}
 PY=${PYTHON:-python3}
 REQUIREMENTS=(nbclient nbformat ipykernel "ipywidgets>=7.7,<9" plotly anywidget fastapi uvicorn openai
               prometheus-client)
+[ $# -gt 1 ] && REQUIREMENTS=("${@:2}")
 
 mkdir -p "$DIR"
 $PY -m pip download -q --disable-pip-version-check --only-binary=:all: --python-version 3.12 --implementation cp \

@@ -51,6 +51,10 @@ def query_start_loc(query_lens: list[int]) -> list[int]:
 
 class AttentionBackend(Protocol):
     name: str
+    # Whether a pure decode step over this backend can be captured as a CUDA graph: its metadata
+    # lives in persistent tensors (decode_graph_metadata) and it never syncs with the host. A backend
+    # that says False always runs eagerly (vLLM: the backend's cudagraph support).
+    supports_cuda_graphs: bool
 
     def build_metadata(self, seqs: list[Sequence], start_pos: list[int], query_lens: list[int],
                        num_rows: int | None = None) -> AttentionMetadata:

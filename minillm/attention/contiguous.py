@@ -19,6 +19,7 @@ CacheAttentionFn = Callable[..., torch.Tensor]
 
 class ContiguousAttention:
     name = "contiguous"
+    supports_cuda_graphs = False  # one Python tensor per sequence, grown step by step
 
     def __init__(self, cache: ContiguousKVCache, cache_attention: CacheAttentionFn = append_and_attend) -> None:
         self.cache = cache

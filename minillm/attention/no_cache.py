@@ -14,6 +14,7 @@ from minillm.sequence import Sequence
 
 class NoCacheAttention:
     name = "none"
+    supports_cuda_graphs = False  # nothing persistent to attend over
 
     def build_metadata(self, seqs: list[Sequence], start_pos: list[int], query_lens: list[int],
                        num_rows: int | None = None) -> AttentionMetadata:

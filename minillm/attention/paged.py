@@ -24,6 +24,7 @@ from minillm.utils.staging import stage
 
 class PagedAttention:
     name = "paged"
+    supports_cuda_graphs = True
 
     def __init__(self, kv_pool: KVPool, ops: KernelOps, head_dim: int, max_num_tokens: int, max_num_seqs: int,
                  max_model_len: int) -> None:

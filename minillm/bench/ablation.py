@@ -25,6 +25,8 @@ from minillm.bench.spec import workload
 from minillm.engine.trace import record
 from minillm.kv.pool import plan_kv_blocks
 from minillm.llm import LLM
+from minillm.models.loader import resolve_model_path
+from minillm.models.registry import read_model_config
 from minillm.sampling_params import SamplingParams
 
 COLUMNS = [("technique", "technique"), ("change", "change"), ("workload", "workload"), ("metric", "metric"),
@@ -98,8 +100,8 @@ def ablation_rows(model: str, draft_model: str | None = None, device: str | None
                   large_batch: int | None = None, new_tokens: int = 16, long_prompt: int | None = None,
                   repeats: int = 2, progress: Callable[[str], None] | None = None) -> list[dict]:
     """The table. `large_batch`: 32 on a CUDA GPU, 8 elsewhere; `long_prompt`: the chunked-prefill
-    row's prompt, 2048 tokens on a GPU, 512 elsewhere; `repeats`: timed runs per measurement, the
-    best kept.
+    row's prompt, 2048 tokens on a GPU (at most the model's context less 64), 512 elsewhere;
+    `repeats`: timed runs per measurement, the best kept.
 
     Off a GPU the rows run on one CPU thread: a small model's operations are too small to gain from
     being split across threads, and one thread's timings stay steady when other programs share the
@@ -118,7 +120,9 @@ def _rows(model: str, draft_model: str | None, device: str | None, cuda: bool, l
           new_tokens: int, long_prompt: int | None, repeats: int,
           progress: Callable[[str], None] | None) -> list[dict]:
     large_batch = large_batch or (32 if cuda else 8)
-    long_prompt = long_prompt or (2048 if cuda else 512)
+    # The long prompt and the decodes behind it must fit the model's context (tiny's is 2048).
+    context = read_model_config(resolve_model_path(model)).max_position_embeddings
+    long_prompt = min(long_prompt or (2048 if cuda else 512), context - 64)
     report = progress or (lambda name: None)
     # A pool for the largest decode batch and the long prompt beside it, set outright: on a GPU the
     # default (a share of the free memory) would shrink with every engine built before.

@@ -73,8 +73,10 @@ class LLMEngine:
                                 spec.num_speculative_tokens)
         self.spec_decoding_stats = AcceptanceCounts(spec.num_speculative_tokens) if spec else None
         self.counters = EngineCounters()
-        # Decode steps replay CUDA graphs, as in vLLM, where the step is made of Triton kernels on a GPU.
-        if not config.device.enforce_eager and self.device.type == "cuda" and self.ops.kernel == "triton":
+        # Decode steps replay CUDA graphs, as in vLLM, where the step is made of Triton kernels on a GPU
+        # and the attention backend can be captured.
+        if (not config.device.enforce_eager and self.device.type == "cuda" and self.ops.kernel == "triton"
+                and runner.attn_backend.supports_cuda_graphs):
             self.model_runner.capture_decode_graphs()
         self.output_processor = OutputProcessor(self.tokenizer)
         self.scheduler = Scheduler(config.scheduler, kv)

@@ -57,6 +57,9 @@ class ModelRunner:
     def capture_decode_graphs(self, capture: bool = True) -> None:
         """Run pure decode steps through CUDA graphs (cuda_graph.py); capture=False runs the same
         padded path eagerly, for tests on a CPU."""
+        if not self.attn_backend.supports_cuda_graphs:
+            raise ValueError(f"the {self.attn_backend.name!r} attention backend cannot be captured as a CUDA graph: "
+                             "its steps run eagerly")
         self.decode_graphs = DecodeGraphs(self._decode_forward, capture_sizes(self.max_num_seqs), capture)
 
     @torch.inference_mode()

@@ -55,7 +55,7 @@ def test_an_engine_step_is_charged_to_its_layers_and_the_rest():
 
 def test_bench_kernels_prints_the_count_and_writes_it(tmp_path):
     out = tmp_path / "kernels.json"
-    result = minillm("bench", "kernels", "--models", "tiny", "--steps", "1", "--out", str(out))
+    result = minillm("bench", "kernels", "--models", "tiny", "--kernels", "torch", "--steps", "1", "--out", str(out))
     assert result.returncode == 0, result.stderr
     assert "launches per layer" in result.stdout and "one layer of tiny (torch): " in result.stdout
     payload = json.loads(out.read_text())

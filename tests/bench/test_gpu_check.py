@@ -1,29 +1,112 @@
-"""scripts/gpu_check.sh is wired: on a machine without a GPU it runs dry, every step skipped with
-the command it would have run, and writes its summary."""
+"""scripts/gpu_check.sh is wired: on a machine without a GPU it runs dry, listing every tier and step
+with its estimate and the command it would run; the targets table reads the benchmarks' JSON; the
+wheels for the GPU machine download and report their size."""
 
 from __future__ import annotations
 
+import os
+import re
 import subprocess
+import sys
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "gpu_check.sh"
-STEPS = ("env", "tests", "attention", "quant", "model", "decode", "host", "throughput", "spec", "spec-large")
+from minillm.bench.report import write_json
+from minillm.bench.targets import TARGETS, evaluate, format_targets, load_results
+
+SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+TIERS = {"1": ("env", "kernels", "attention", "decode", "spec", "throughput", "quant", "host"),
+         "2": ("tests", "notebooks"), "3": ("serve",)}
 
 
-def test_gpu_check_runs_dry_and_names_every_step(tmp_path):
-    result = subprocess.run(["bash", str(SCRIPT), str(tmp_path), "--dry-run"], capture_output=True, text=True,
-                            timeout=60)
+def dry_run(tmp_path, **env) -> str:
+    result = subprocess.run(["bash", str(SCRIPTS / "gpu_check.sh"), str(tmp_path), "--dry-run"], capture_output=True,
+                            text=True, timeout=60, env={**os.environ, **env})
     assert result.returncode == 0, result.stderr
-    summary = (tmp_path / "summary.md").read_text()
-    for step in STEPS:
-        assert f"| {step} | skipped: dry run (would run: " in summary, step
-    assert "bench decode" in summary and "tests/kernels/test_gpu.py" in summary
+    return (tmp_path / "summary.md").read_text()
 
 
-def test_a_subset_of_steps_skips_the_rest_with_the_reason(tmp_path):
-    result = subprocess.run(["bash", str(SCRIPT), str(tmp_path), "--dry-run"], capture_output=True, text=True,
-                            timeout=60, env={"GPU_CHECK_STEPS": "tests", "PATH": "/usr/bin:/bin"})
+def test_gpu_check_runs_dry_and_lists_tiers_steps_and_estimates(tmp_path):
+    summary = dry_run(tmp_path)
+    rows = re.findall(r"^\| (\d) \| ([\w-]+) \| NOT RUN: dry run \(would run: .+\) \| \((\d+)\) \|", summary, re.M)
+    assert [(tier, step) for tier, step, _ in rows] == [(t, s) for t, steps in TIERS.items() for s in steps]
+    # The estimates fit the default budget, which fits a 10-minute slot with the machine's start.
+    assert sum(int(e) for *_, e in rows) - 200 <= 540  # tier 2's two steps run side by side
+    assert "bench kernels" in summary and "tests/kernels/test_gpu.py" in summary and "run_notebooks.py" in summary
+    for path in re.findall(r"(tests/\S+\.py)", summary):  # every test file it names exists
+        assert (SCRIPTS.parent / path).exists(), path
+
+
+def test_a_subset_or_a_small_budget_leaves_the_rest_not_run_with_the_reason(tmp_path):
+    summary = dry_run(tmp_path, GPU_CHECK_STEPS="tests")
+    assert "| 2 | tests | NOT RUN: dry run" in summary
+    assert "| 1 | decode | NOT RUN: not in GPU_CHECK_STEPS |" in summary
+
+
+def _payload(tmp_path, name: str, rows: list[dict], summary: dict) -> None:
+    write_json(tmp_path / f"{name}.json", name, {}, rows, summary)
+
+
+def test_targets_read_pass_fail_and_not_run_off_the_json(tmp_path):
+    _payload(tmp_path, "decode", [{"tokens": 2048, "ms": 11.0}], {"batch1_of_copy_bw": 0.3})
+    _payload(tmp_path, "kernels", [{"kernel": "torch", "per_layer": 9}, {"kernel": "triton", "per_layer": 12}], {})
+    _payload(tmp_path, "spec", [], {"best_k": {"draft_model temp=0.0 batch=1": {"k": 4, "speedup": 2.0,
+                                                                                "predicted_speedup": 2.2}}})
+    (tmp_path / "notes.json").write_text("[1, 2]")  # not a benchmark's: ignored
+    results = load_results(tmp_path)
+    table = {row["target"]: row for row in evaluate(results)}
+    assert len(table) == len(TARGETS)
+    verdicts = {what: row["verdict"] for what, row in table.items()}
+    assert verdicts["batch-1 decode of the 1.1B model, CUDA graphs: share of copy bandwidth"] == "FAIL"
+    assert verdicts["prefill step of a 2,048-token prompt, 1.1B (ms)"] == "PASS"  # at most 12
+    assert verdicts["launches per decoder layer per decode step, tiny, Triton"] == "FAIL"  # the Triton row, 12
+    assert verdicts["speculative decoding at batch 1, greedy, tiny + tiny-draft (speedup, best k)"] == "PASS"
+    assert abs(table["chapter 05's cost model against the measured speedup (relative error)"]["figure"] - 0.1) < 1e-9
+    assert verdicts["continuous over static batching, 64 requests, 1.1B"] == "NOT RUN"  # no throughput.json
+    text = format_targets(list(table.values()), results)
+    assert "| batch-1 decode of the 1.1B model, CUDA graphs: share of copy bandwidth | 0.3 | >= 0.55 | FAIL |" in text
+    assert text.rstrip().endswith("3 PASS, 2 FAIL, 11 NOT RUN")
+
+
+def test_the_targets_read_what_the_benchmarks_write():
+    """Each target's key is one its benchmark's code writes, so a renamed key cannot pass as NOT RUN."""
+    sources = {path.stem: path.read_text() for path in (SCRIPTS.parent / "minillm" / "bench").glob("*.py")}
+    written = {"decode": "decode", "kernels": "kernels", "kernels-1b": "kernels", "attention": "attention",
+               "throughput": "throughput", "spec": "spec", "spec-1b": "spec", "quant": "quant_matmul"}
+    keys = {"decode": ["batch1_of_copy_bw", '"ms"'], "kernels": ['"per_layer"'], "attention": ['"speed_vs_sdpa"'],
+            "throughput": ['"continuous_over_static"', '"continuous_over_transformers"'],
+            "spec": ['"v"', '"best_k"', '"predicted_speedup"'], "quant_matmul": ['_speedup"]', "in_features"]}
+    assert {t.source for t in TARGETS} <= set(written)
+    for module, needles in keys.items():
+        for needle in needles:
+            assert needle in sources[module], (module, needle)
+    assert set(written.values()) == set(keys)
+
+
+def test_the_wheels_script_downloads_and_reports_its_size(tmp_path):
+    """The real script against the package index, with one small pure-Python package."""
+    result = subprocess.run(["bash", str(SCRIPTS / "gpu_wheels.sh"), str(tmp_path / "w"), "six"], capture_output=True,
+                            text=True, timeout=300, env={**os.environ, "PYTHON": sys.executable})
     assert result.returncode == 0, result.stderr
-    summary = (tmp_path / "summary.md").read_text()
-    assert "| tests | skipped: dry run" in summary
-    assert "| decode | skipped: not in GPU_CHECK_STEPS |" in summary
+    assert re.search(r"^1 wheels, 0 MiB in .*/w$", result.stdout, re.M), result.stdout
+    assert "install_wheels.py" in result.stdout
+    wheels = list((tmp_path / "w").glob("six-*-py2.py3-none-any.whl"))
+    assert len(wheels) == 1
+    sys.path.insert(0, str(SCRIPTS))
+    try:
+        from install_wheels import missing
+    finally:
+        sys.path.remove(str(SCRIPTS))
+    fake = tmp_path / "w" / "no_such_distribution-1.0-py3-none-any.whl"
+    fake.write_bytes(b"")
+    assert missing([wheels[0], fake]) == ([fake] if _has("six") else [wheels[0], fake])
+
+
+def _has(name: str) -> bool:
+    from importlib import metadata
+
+    try:
+        metadata.version(name)
+        return True
+    except metadata.PackageNotFoundError:
+        return False
+

@@ -63,3 +63,20 @@ def test_enforce_eager_is_validated():
 def test_no_graphs_on_a_cpu_or_when_eager():
     assert LLM("tiny", device="cpu").llm_engine.model_runner.decode_graphs is None
     assert LLM("tiny", device=DEVICE, enforce_eager=True).llm_engine.model_runner.decode_graphs is None
+
+
+@pytest.mark.parametrize("kv_cache,capturable", [("paged", True), ("contiguous", False), ("none", False)])
+def test_only_a_backend_that_declares_it_is_captured(kv_cache, capturable):
+    """The contiguous and no-cache backends keep per-sequence Python state, so their steps run eagerly
+    however the engine is configured (on a GPU too: engines of chapters 01 and 06 use them)."""
+    llm = LLM("tiny", device=DEVICE, kv_cache=kv_cache)
+    runner = llm.llm_engine.model_runner
+    assert runner.attn_backend.supports_cuda_graphs is capturable
+    if capturable:
+        runner.capture_decode_graphs(capture=False)
+    else:
+        assert runner.decode_graphs is None
+        with pytest.raises(ValueError, match=f"the '{kv_cache}' attention backend cannot be captured"):
+            runner.capture_decode_graphs(capture=False)
+    out = llm.generate("def add(a, b):", SamplingParams(temperature=0, max_tokens=8))[0]
+    assert len(out.outputs[0].token_ids) == 8

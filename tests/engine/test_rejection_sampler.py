@@ -91,12 +91,13 @@ def resample_from_p(p, q, drafts, num, u, noise):
     itself instead of the residual max(0, p - q)."""
     k = drafts.shape[1]
     x = drafts.clamp(min=0)[..., None]
-    real = torch.arange(k) < num[:, None]
+    rows = torch.arange(len(drafts), device=drafts.device)  # the engine's device (on a GPU, CUDA)
+    real = torch.arange(k, device=drafts.device) < num[:, None]
     kept = ((u * q.gather(2, x)[..., 0] < p[:, :k].gather(2, x)[..., 0]) & real).cumprod(dim=1).bool()
     stop = kept.sum(dim=1)
-    out = torch.full((len(drafts), k + 1), PAD)
+    out = torch.full((len(drafts), k + 1), PAD, device=drafts.device)
     out[:, :k] = torch.where(kept, drafts, PAD)
-    out[torch.arange(len(drafts)), stop] = (p[torch.arange(len(drafts)), stop] / noise).argmax(dim=1)
+    out[rows, stop] = (p[rows, stop] / noise).argmax(dim=1)
     return out
 
 
