@@ -33,8 +33,8 @@ def _bench_kernels(args) -> None:
                                   device=args.device, dtype=args.dtype)
     print(format_table(rows, COLUMNS))
     for row in rows:
-        print(f"one layer of {row['model']} ({row['kernel']}): " + ", ".join(f"{op} {n}" for op, n in
-                                                                              row["layer_ops"].items()))
+        print(f"the last layer of {row['model']} ({row['kernel']}): " + ", ".join(f"{op} {n}" for op, n in
+                                                                                       row["layer_ops"].items()))
     write_json(args.out, "kernels", _bench_config(args), rows, summary)
     print(f"wrote {args.out}")
 

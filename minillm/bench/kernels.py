@@ -104,13 +104,16 @@ def count_step_launches(llm: LLM, batch: int = 1, context: int = 32, steps: int 
             hook.remove()
         for name, fn in saved.items():
             setattr(ops, name, fn)
-    in_layers = sum(n for (where, _), n in counter.counts.items() if where != "outside")
-    outside = sum(n for (where, _), n in counter.counts.items() if where == "outside")
-    layer0 = Counter({op: n // steps for (where, op), n in counter.counts.items() if where == "layer 0"})
-    return {"layers": len(layers), "per_layer": in_layers / steps / len(layers), "outside_per_step": outside / steps,
-            "per_step": (in_layers + outside) / steps,
+    by_layer = [sum(n for (where, _), n in counter.counts.items() if where == f"layer {i}") / steps
+                for i in range(len(layers))]
+    outside = sum(n for (where, _), n in counter.counts.items() if where == "outside") / steps
+    # The last layer's ops: a typical one (the first has no residual to add before its first norm).
+    last_layer = f"layer {len(layers) - 1}"
+    last = Counter({op: n // steps for (where, op), n in counter.counts.items() if where == last_layer})
+    return {"layers": len(layers), "per_layer": sum(by_layer) / len(layers), "outside_per_step": outside,
+            "per_step": sum(by_layer) + outside,
             "profiler_per_step": profiled / steps if profiled is not None else None,
-            "layer_ops": dict(layer0.most_common())}
+            "by_layer": by_layer, "layer_ops": dict(last.most_common())}
 
 
 def _profiled_kernels(engine, steps: int) -> int:

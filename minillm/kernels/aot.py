@@ -97,14 +97,19 @@ def _launch(fn, args: tuple, kwargs: dict) -> Launch:
 
 def engine_launches(target: GPUSpec, everything: bool) -> dict[Launch, object]:
     """The distinct launches the engine makes on `target` -> their JITFunctions. everything: every
-    dtype the target has, head dims 64, 80 and 128, blocks of 16 and 32, the int8 KV cache, and the
-    quantized matmuls at 1 row, a few rows and a prefill's many. Otherwise only the launches that
+    dtype the target has, head dims 64, 80 and 128, blocks of 16 and 32, the int8 KV cache, the
+    quantized matmuls at 1 row, a few rows and a prefill's many, and the layer kernels at the widest
+    rows they meet (RMSNorm over 8192 channels, SiLU-and-mul over 28672, rotary embedding of 64
+    query heads: Llama-70B's shapes). Otherwise only the launches that
     bound shared memory: the kernels that stage tiles (prefill, decode, the matmuls) at head dim 128
     in fp16 (bf16 takes the same tiles) and fp32; a smaller head dim pads to at most 128."""
+    from minillm.kernels.activation import silu_and_mul
     from minillm.kernels.paged_decode import paged_decode_attention
     from minillm.kernels.paged_prefill import paged_prefill_attention
     from minillm.kernels.quant_matmul import int4_matmul, int8_matmul
     from minillm.kernels.random_inputs import paged_batch
+    from minillm.kernels.rms_norm import fused_add_rms_norm, rms_norm
+    from minillm.kernels.rotary import rotary_embedding
     from minillm.kernels.store_kv import store_kvcache
     from minillm.quant.int4 import quantize_int4
     from minillm.quant.int8 import quantize_int8
@@ -134,6 +139,13 @@ def engine_launches(target: GPUSpec, everything: bool) -> dict[Launch, object]:
                 x = torch.randn(rows, 4096).to(dtype)
                 int8_matmul(x, *int8_args)
                 int4_matmul(x, *int4_args)
+        for dtype in dtypes if everything else []:
+            x = torch.randn(3, 8192).to(dtype)
+            rms_norm(x, x[0], 1e-6)
+            fused_add_rms_norm(x, x, x[0], 1e-6)
+            silu_and_mul(torch.randn(3, 2 * 28672).to(dtype))
+            qkv = torch.randn(3, 80, 128).to(dtype)
+            rotary_embedding(torch.arange(3), qkv[:, :64], qkv[:, 64:72], torch.randn(16, 128).to(dtype))
     launches = {_launch(fn, args, kwargs): fn for fn, args, kwargs in records}
     if everything:
         return launches

@@ -1,7 +1,7 @@
-"""Plain-PyTorch references for the decoder layer's elementwise ops: RMSNorm, rotary embedding and
-SiLU-and-mul. Each is what a layer runs with the "torch" kernels, and the ground truth of a Triton
-kernel with the same signature. The cast order follows transformers' Llama, so that bf16 outputs
-match it bit for bit.
+"""Plain-PyTorch references for the decoder layer's elementwise ops: RMSNorm (alone, and after the
+residual add), rotary embedding and SiLU-and-mul. Each is what a layer runs with the "torch" kernels,
+and the ground truth of a Triton kernel with the same signature. The cast order follows
+transformers' Llama, so that bf16 outputs match it bit for bit.
 """
 
 from __future__ import annotations
@@ -19,10 +19,22 @@ def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Ten
     return weight * x32.to(x.dtype)
 
 
-def rotary_embedding_ref(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
-                         sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """q [tokens, heads, head_dim] and k [tokens, kv_heads, head_dim] rotated by their tokens' angles;
-    cos, sin: [tokens, head_dim]. Channel i pairs with channel i + head_dim / 2."""
+def fused_add_rms_norm_ref(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                           eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rms_norm(x + residual), x + residual): a sublayer's output joins the residual stream, and the
+    next sublayer gets it normalised. The sum is rounded to the model's dtype before the norm, as
+    transformers' `hidden_states = residual + hidden_states` rounds it."""
+    total = x + residual
+    return rms_norm_ref(total, weight, eps), total
+
+
+def rotary_embedding_ref(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+                         cos_sin_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """q [tokens, heads, head_dim] and k [tokens, kv_heads, head_dim] rotated by their positions'
+    angles. cos_sin_cache [max_positions, head_dim]: row p holds cos then sin of p times each of the
+    head_dim / 2 frequencies. Channel i pairs with channel i + head_dim / 2."""
+    cos, sin = cos_sin_cache[positions].chunk(2, dim=-1)
+    cos, sin = torch.cat((cos, cos), dim=-1), torch.cat((sin, sin), dim=-1)
     return _rotate(q, cos, sin), _rotate(k, cos, sin)
 
 

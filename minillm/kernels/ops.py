@@ -1,10 +1,10 @@
 """Which kernels run, and their functions: "torch" (the PyTorch references) or "triton".
 
 An engine chooses once, from its `attention_backend` argument (vLLM's name, kept although it now picks
-more than attention), and every layer that has a kernel (attention, the quantized matmuls, RMSNorm,
-rotary embedding, SiLU-and-mul) calls its op from that one `KernelOps`, so an engine never runs
-Triton attention beside PyTorch matmuls by accident. A layer without a Triton kernel yet runs its
-reference under both names.
+more than attention), and every layer that has a kernel (attention and the KV store, the quantized
+matmuls, RMSNorm with and without the residual add, rotary embedding, SiLU-and-mul) calls its op
+from that one `KernelOps`, so an engine never runs Triton attention beside PyTorch matmuls by
+accident. The dense matmuls are torch's (cuBLAS) under both names.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ class KernelOps:
     int8_matmul: Callable
     int4_matmul: Callable
     rms_norm: Callable
+    fused_add_rms_norm: Callable
     rotary_embedding: Callable
     silu_and_mul: Callable
 
@@ -71,15 +72,22 @@ def load_ops(kernel: str = "torch") -> KernelOps:
                     paged_decode_attention=attention_reference.paged_decode_attention_ref,
                     paged_prefill_attention=attention_reference.paged_prefill_attention_ref,
                     int8_matmul=int8_matmul_ref, int4_matmul=int4_matmul_ref,
-                    rms_norm=layer_reference.rms_norm_ref, rotary_embedding=layer_reference.rotary_embedding_ref,
+                    rms_norm=layer_reference.rms_norm_ref,
+                    fused_add_rms_norm=layer_reference.fused_add_rms_norm_ref,
+                    rotary_embedding=layer_reference.rotary_embedding_ref,
                     silu_and_mul=layer_reference.silu_and_mul_ref)
     if kernel == "triton":
         # Imported here: the kernel modules need triton, which the torch path never does.
+        from minillm.kernels.activation import silu_and_mul
         from minillm.kernels.paged_decode import paged_decode_attention
         from minillm.kernels.paged_prefill import paged_prefill_attention
         from minillm.kernels.quant_matmul import int4_matmul, int8_matmul
+        from minillm.kernels.rms_norm import fused_add_rms_norm, rms_norm
+        from minillm.kernels.rotary import rotary_embedding
         from minillm.kernels.store_kv import store_kvcache
 
         ops.store_kvcache, ops.int8_matmul, ops.int4_matmul = store_kvcache, int8_matmul, int4_matmul
         ops.paged_decode_attention, ops.paged_prefill_attention = paged_decode_attention, paged_prefill_attention
+        ops.rms_norm, ops.fused_add_rms_norm = rms_norm, fused_add_rms_norm
+        ops.rotary_embedding, ops.silu_and_mul = rotary_embedding, silu_and_mul
     return ops

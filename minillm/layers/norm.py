@@ -1,4 +1,8 @@
-"""RMSNorm: scale each vector to unit root-mean-square, then by a learned per-channel weight."""
+"""RMSNorm: scale each vector to unit root-mean-square, then by a learned per-channel weight.
+
+Given the residual stream too, it first adds the sublayer's output to it and returns both the
+normalised sum and the sum (vLLM's fused_add_rms_norm): one kernel where there were two, and the
+decoder layers pass the residual along instead of adding it themselves."""
 
 from __future__ import annotations
 
@@ -15,5 +19,9 @@ class RMSNorm(CustomOp):
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.ops.rms_norm(x, self.weight, self.eps)
+    def forward(self, x: torch.Tensor,
+                residual: torch.Tensor | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """x [..., dim] -> normalised x; with residual: (normalised x + residual, x + residual)."""
+        if residual is None:
+            return self.ops.rms_norm(x, self.weight, self.eps)
+        return self.ops.fused_add_rms_norm(x, residual, self.weight, self.eps)

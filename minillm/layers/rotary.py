@@ -41,22 +41,32 @@ def _llama3_scaling(inv_freq: torch.Tensor, s: dict) -> torch.Tensor:
     return torch.where(in_band, blended, scaled)
 
 
-class RotaryEmbedding(CustomOp):
-    """cos/sin for a batch of positions, computed once per forward pass and reused by every layer;
-    `forward` rotates a layer's queries and keys with them."""
+def cos_sin_cache(inv_freq: torch.Tensor, max_positions: int, dtype: torch.dtype,
+                  device: torch.device) -> torch.Tensor:
+    """[max_positions, head_dim]: row p is cos(p * inv_freq) then sin(p * inv_freq), computed in fp32
+    (as transformers computes them) and stored in the model's dtype."""
+    positions = torch.arange(max_positions, dtype=torch.float32, device=device)
+    freqs = positions[:, None] * inv_freq.to(device)[None, :]
+    return torch.cat((freqs.cos(), freqs.sin()), dim=-1).to(dtype)
 
-    def __init__(self, head_dim: int, theta: float, scaling: dict, ops: KernelOps | None = None) -> None:
+
+class RotaryEmbedding(CustomOp):
+    """Rotates a layer's queries and keys by their positions. The cos/sin table covers every position
+    the model can see and is built once, at the first step (not once per step, and never inside a
+    captured CUDA graph: the engine runs eager steps first); every layer shares it."""
+
+    def __init__(self, head_dim: int, theta: float, scaling: dict, max_positions: int,
+                 ops: KernelOps | None = None) -> None:
         super().__init__(ops)
         self.inv_freq = rope_inv_freq(head_dim, theta, scaling)
+        self.max_positions = max_positions
+        self.cache: torch.Tensor | None = None
 
-    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.inv_freq.device != positions.device:
-            self.inv_freq = self.inv_freq.to(positions.device)
-        freqs = positions.float()[:, None] * self.inv_freq[None, :]
-        emb = torch.cat((freqs, freqs), dim=-1)
-        return emb.cos().to(dtype), emb.sin().to(dtype)
+    def cos_sin_cache(self, like: torch.Tensor) -> torch.Tensor:
+        if self.cache is None or self.cache.device != like.device or self.cache.dtype != like.dtype:
+            self.cache = cos_sin_cache(self.inv_freq, self.max_positions, like.dtype, like.device)
+        return self.cache
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
-                sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """q [tokens, heads, head_dim], k [tokens, kv_heads, head_dim]; cos/sin from cos_sin."""
-        return self.ops.rotary_embedding(q, k, cos, sin)
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """q [tokens, heads, head_dim], k [tokens, kv_heads, head_dim] at positions [tokens]."""
+        return self.ops.rotary_embedding(positions, q, k, self.cos_sin_cache(q))

@@ -35,7 +35,7 @@ class LlamaAttention(nn.Module):
             self.k_norm = RMSNorm(d, config.rms_norm_eps, ops)
         self.qk_norm = config.qk_norm
 
-    def forward(self, x: torch.Tensor, rotary: RotaryEmbedding, cos: torch.Tensor, sin: torch.Tensor,
+    def forward(self, positions: torch.Tensor, x: torch.Tensor, rotary: RotaryEmbedding,
                 attn: AttentionFn) -> torch.Tensor:
         q, k, v = self.qkv_proj(x).split(self.qkv_proj.output_sizes, dim=-1)
         q = q.view(-1, self.num_heads, self.head_dim)
@@ -43,7 +43,7 @@ class LlamaAttention(nn.Module):
         v = v.view(-1, self.num_kv_heads, self.head_dim)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = rotary(q, k, cos, sin)
+        q, k = rotary(positions, q, k)
         out = attn(self.layer_idx, q, k, v)
         return self.o_proj(out.reshape(-1, self.num_heads * self.head_dim))
 
@@ -68,10 +68,17 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
         self.mlp = LlamaMLP(config, ops)
 
-    def forward(self, h: torch.Tensor, rotary: RotaryEmbedding, cos: torch.Tensor, sin: torch.Tensor,
-                attn: AttentionFn) -> torch.Tensor:
-        h = h + self.self_attn(self.input_layernorm(h), rotary, cos, sin, attn)
-        return h + self.mlp(self.post_attention_layernorm(h))
+    def forward(self, positions: torch.Tensor, h: torch.Tensor, residual: torch.Tensor | None,
+                rotary: RotaryEmbedding, attn: AttentionFn) -> tuple[torch.Tensor, torch.Tensor]:
+        """h: the last sublayer's output, not yet added to the residual stream (the first layer: the
+        embeddings, with residual None). Each norm adds the pending output in as it normalises."""
+        if residual is None:
+            h, residual = self.input_layernorm(h), h
+        else:
+            h, residual = self.input_layernorm(h, residual)
+        h = self.self_attn(positions, h, rotary, attn)
+        h, residual = self.post_attention_layernorm(h, residual)
+        return self.mlp(h), residual
 
 
 class LlamaModel(nn.Module):
@@ -80,14 +87,14 @@ class LlamaModel(nn.Module):
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(LlamaDecoderLayer(config, i, ops) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
-        self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta, config.rope_scaling, ops)
+        self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta, config.rope_scaling,
+                                      config.max_position_embeddings, ops)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionFn) -> torch.Tensor:
-        h = self.embed_tokens(input_ids)
-        cos, sin = self.rotary.cos_sin(positions, h.dtype)
+        h, residual = self.embed_tokens(input_ids), None
         for layer in self.layers:
-            h = layer(h, self.rotary, cos, sin, attn)
-        return self.norm(h)
+            h, residual = layer(positions, h, residual, self.rotary, attn)
+        return self.norm(h, residual)[0]
 
 
 class LlamaForCausalLM(nn.Module):

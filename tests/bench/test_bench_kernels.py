@@ -45,7 +45,8 @@ def test_an_engine_step_is_charged_to_its_layers_and_the_rest():
     two = count_step_launches(llm, batch=2, steps=2)
     assert one["layers"] == llm.llm_engine.model_config.num_hidden_layers
     assert one["per_step"] == one["per_layer"] * one["layers"] + one["outside_per_step"]
-    assert sum(one["layer_ops"].values()) == one["per_layer"]
+    assert sum(one["by_layer"]) == one["per_layer"] * one["layers"]
+    assert sum(one["layer_ops"].values()) == one["by_layer"][-1]
     # RMSNorm twice, attention, four matmuls (qkv, o, gate_up, down), SiLU: at least these per layer.
     assert one["layer_ops"]["linear"] == 4 and one["layer_ops"]["rsqrt"] == 2 and one["per_layer"] >= 10
     # The count is of launches, not of work: a second sequence launches nothing more.
@@ -57,6 +58,19 @@ def test_bench_kernels_prints_the_count_and_writes_it(tmp_path):
     out = tmp_path / "kernels.json"
     result = minillm("bench", "kernels", "--models", "tiny", "--kernels", "torch", "--steps", "1", "--out", str(out))
     assert result.returncode == 0, result.stderr
-    assert "launches per layer" in result.stdout and "one layer of tiny (torch): " in result.stdout
+    assert "launches per layer" in result.stdout and "the last layer of tiny (torch): " in result.stdout
     payload = json.loads(out.read_text())
     assert payload["rows"][0]["per_layer"] == payload["summary"]["tiny torch per_layer"] > 0
+
+
+def test_a_decoder_layer_is_at_most_ten_launches_with_the_triton_kernels():
+    """The fused kernels' point: two norms with their residual adds, four matmuls, rotary embedding,
+    the KV store, attention and SiLU-and-mul. Counted under the CPU interpreter as on a GPU."""
+    llm = LLM("tiny", device="cpu", dtype="float32", skip_tokenizer_init=True, enforce_eager=True,
+              attention_backend="triton", enable_prefix_caching=False, max_num_seqs=1, max_model_len=128,
+              num_kv_blocks=16)
+    launches = count_step_launches(llm, batch=1, steps=1)
+    assert launches["layer_ops"] == {"linear": 4, "triton:fused_add_rms_norm": 2, "triton:rotary_embedding": 1,
+                                     "triton:store_kvcache": 1, "triton:paged_decode_attention": 1,
+                                     "triton:silu_and_mul": 1}
+    assert launches["per_layer"] <= 10

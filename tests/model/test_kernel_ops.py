@@ -31,16 +31,23 @@ def test_replacing_one_op_of_one_engine_changes_that_engine_alone():
     calls = []
 
     def counted_rms_norm(x, weight, eps):
-        calls.append(x.shape)
+        calls.append("rms_norm")
         return layer_reference.rms_norm_ref(x, weight, eps)
+
+    def counted_add_rms_norm(x, residual, weight, eps):
+        calls.append("fused_add_rms_norm")
+        return layer_reference.fused_add_rms_norm_ref(x, residual, weight, eps)
 
     # Eager steps: a replayed CUDA graph calls no Python op at all.
     mine, other = (LLM("tiny", skip_tokenizer_init=True, dtype="float32", enforce_eager=True) for _ in range(2))
     expected = other.generate(PROMPT, GREEDY, use_tqdm=False)[0].outputs[0].token_ids
     mine.llm_engine.ops.rms_norm = counted_rms_norm
+    mine.llm_engine.ops.fused_add_rms_norm = counted_add_rms_norm
     assert mine.generate(PROMPT, GREEDY, use_tqdm=False)[0].outputs[0].token_ids == expected
     layers = mine.llm_engine.model_config.num_hidden_layers
-    assert len(calls) == 5 * (2 * layers + 1)  # two norms per layer and the final one, in each of 5 steps
+    # Each of 5 steps: the first layer's input norm alone (no residual yet), then every other norm
+    # (two per layer and the final one) with the residual add.
+    assert calls.count("rms_norm") == 5 and calls.count("fused_add_rms_norm") == 5 * 2 * layers
     calls.clear()
     other.generate(PROMPT, GREEDY, use_tqdm=False)
     assert not calls
