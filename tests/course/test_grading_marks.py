@@ -11,7 +11,7 @@ from test_grading import assert_full_marks_and_zero, grade_pair
 
 REPO = Path(__file__).resolve().parents[2]
 POINTS = {"02_paged_kv_cache": 12, "03_triton_attention": 10, "04_continuous_batching": 10,
-          "05_speculative_decoding": 7, "06_quantization": 6, "07_serving": 8, "08_the_engine_on_a_gpu": 7}
+          "05_speculative_decoding": 7, "06_quantization": 6, "07_serving": 8, "08_the_engine_on_a_gpu": 10}
 
 
 @pytest.mark.slow
