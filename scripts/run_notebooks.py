@@ -35,6 +35,9 @@ def run_one(notebook: Path, outdir: Path, timeout: int) -> dict:
     except Exception as e:  # the notebook's own error, with its traceback, is the result
         error = f"{type(e).__name__}: {str(e)[-2000:]}"
     seconds = time.perf_counter() - start
+    # The widgets' saved state (every frame a live view ever sent: 20 MB for chapter 04) is left
+    # out, so that the results copy back from a GPU machine; the outputs themselves are kept.
+    nb.metadata.pop("widgets", None)
     nbformat.write(nb, outdir / f"{notebook.parent.name}__{notebook.name}")
     return {"notebook": f"{notebook.parent.name}/{notebook.name}", "seconds": round(seconds, 1), "ok": error is None,
             "error": error}

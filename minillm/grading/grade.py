@@ -48,6 +48,8 @@ def grade_submission(path: Path, release: list[Check] | None, timeout: float) ->
     for record in records:
         if "grade_id" in record:
             verdicts.setdefault(record["grade_id"], record)
+        elif "error" in record:  # no points ride on the cell: a line for the instructor, not a row
+            print(f"{path}: cell {record['cell']} raised {record['error']}, outside the checks", file=sys.stderr)
     end = next((r for r in records if "end" in r), {})
     if killed or end.get("end") == "timeout":
         unfinished = f"timeout after {timeout:g}s"

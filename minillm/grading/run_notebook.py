@@ -5,8 +5,9 @@
 This is the grader's child process: `minillm-grade` starts one per submission, so a submission
 that crashes or hangs its kernel, or this process, costs that submission alone. Every cell runs,
 failing or not, so that each check gets its own verdict, until the time is up. RESULTS gets one
-JSON line per check as it finishes, then one line saying how the run ended; whatever was written
-before a crash is kept.
+JSON line per check as it finishes, one per other cell that raised (a measurement cell, say: no
+points ride on it, but the instructor is told), then one line saying how the run ended; whatever
+was written before a crash is kept.
 """
 
 from __future__ import annotations
@@ -58,10 +59,12 @@ def run(notebook: Path, results: IO[str], timeout: float, cwd: Path) -> None:
                 return emit(end="timeout")
             except DeadKernelError:
                 return emit(end="kernel died", cell=index)
+            errors = [o for o in cell.outputs if o.output_type == "error"] if cell.cell_type == "code" else []
+            message = f"{errors[0].ename}: {errors[0].evalue}" if errors else ""
             if index in graded:
-                errors = [o for o in cell.outputs if o.output_type == "error"]
-                emit(grade_id=graded[index], passed=not errors,
-                     message=f"{errors[0].ename}: {errors[0].evalue}" if errors else "")
+                emit(grade_id=graded[index], passed=not errors, message=message)
+            elif errors:
+                emit(cell=index, error=message)
     emit(end="done")
 
 

@@ -22,6 +22,12 @@ def course_notebooks() -> list[Path]:
     return sorted([*ROOT.glob("notebooks/*.ipynb"), *ROOT.glob("solutions/*.ipynb")])
 
 
+def chapter_notebooks() -> list[Path]:
+    """The chapters. The solutions run in full once, under minillm-grade (test_grading_marks.py
+    and test_grading.py), which also fails a solution any cell of which raised."""
+    return sorted(ROOT.glob("notebooks/*.ipynb"))
+
+
 def expected_outputs_file(notebook: Path) -> Path:
     return OUTPUTS / f"{notebook.parent.name}__{notebook.stem}.json"
 

@@ -232,11 +232,12 @@ def grade_rows(tmp_path: Path, notebooks: dict[str, Path], timeout: int, release
         paths.append(tmp_path / f"{name}.ipynb")
         shutil.copy(source, paths[-1])
     argv = [*map(str, paths), "--report", report, "--timeout", str(timeout)]
-    stdout = io.StringIO()
-    with pytest.MonkeyPatch.context() as env, contextlib.redirect_stdout(stdout):
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with pytest.MonkeyPatch.context() as env, contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
         env.setenv("OMP_NUM_THREADS", "1")  # the kernels share this machine's cores with other jobs
         env.setenv("MINILLM_MODEL", "tiny")  # also on a GPU machine, where the course would pick SmolLM2
         assert grade.main(argv + (["--release", str(release)] if release else [])) == 0
+    (tmp_path / "grade.log").write_text(stderr.getvalue())  # the progress, and cells that raised outside checks
     text = stdout.getvalue() if report == "-" else Path(report).read_text(encoding="utf-8")
     return {(Path(r["submission"]).stem, r["check_id"]): r for r in csv.DictReader(io.StringIO(text))}
 
@@ -249,10 +250,13 @@ def grade_pair(tmp_path_factory, solution: Path, exercise: Path) -> dict:
 
 
 def assert_full_marks_and_zero(graded: dict, exercise: Path, points: int) -> None:
-    """The solution passes every check of the exercise for `points` in all; the untouched exercise
-    fails every one, each because it is not implemented yet."""
+    """The solution passes every check of the exercise for `points` in all, and no other cell of it
+    raised (this run is the solutions' only one in the suite); the untouched exercise fails every
+    check, each because it is not implemented yet."""
     ids = [c.grade_id for c in check_cells(read(exercise))]
     solution = [r for (name, _), r in graded.items() if name == "solution"]
+    log = (Path(solution[0]["submission"]).parent / "grade.log").read_text()
+    assert f"{solution[0]['submission']}: cell" not in log, log
     assert [r["check_id"] for r in solution] == ids
     assert all(r["passed"] == "true" for r in solution), [r["message"] for r in solution]
     assert sum(float(r["points_earned"]) for r in solution) == points
@@ -273,6 +277,8 @@ def test_the_solution_gets_full_marks(graded_repo):
     assert [r["check_id"] for r in rows] == [c.grade_id for c in check_cells(read(EXERCISE))]
     assert all(r["passed"] == "true" and r["points_earned"] == r["points_possible"] for r in rows), rows
     assert sum(float(r["points_earned"]) for r in rows) == 10
+    log = (Path(rows[0]["submission"]).parent / "grade.log").read_text()
+    assert f"{rows[0]['submission']}: cell" not in log, log  # no other cell raised either
 
 
 @pytest.mark.slow
@@ -302,7 +308,8 @@ def test_a_hanging_or_crashing_submission_costs_only_itself(tmp_path):
     notebooks = {
         "loops": synthetic(tmp_path, "loops", "# check\nx = 1", "while True:\n    pass", "# check\nx = 2"),
         "crashes": synthetic(tmp_path, "crashes", "import os\nos._exit(1)", "# check\nx = 1"),
-        "fine": synthetic(tmp_path, "fine", "# check\nx = 1", "# check\nraise ValueError('x must be 2')"),
+        "fine": synthetic(tmp_path, "fine", "# check\nx = 1", "raise KeyError('no check here')",
+                          "# check\nraise ValueError('x must be 2')"),
     }
     rows = grade_rows(tmp_path, notebooks, timeout=20, release=None, report="-")
     summary = {key: (r["passed"], r["points_earned"], r["message"]) for key, r in rows.items()}
@@ -311,8 +318,11 @@ def test_a_hanging_or_crashing_submission_costs_only_itself(tmp_path):
         ("loops", "loops-2"): ("false", "0", "timeout after 20s"),
         ("crashes", "crashes-1"): ("false", "0", summary[("crashes", "crashes-1")][2]),
         ("fine", "fine-0"): ("true", "1", ""),
-        ("fine", "fine-1"): ("false", "0", "ValueError: x must be 2"),
+        ("fine", "fine-2"): ("false", "0", "ValueError: x must be 2"),
     }
+    # A cell outside the checks that raised costs nothing, and the instructor is told.
+    assert f"{tmp_path / 'fine.ipynb'}: cell 1 raised KeyError: 'no check here', outside the checks" in \
+        (tmp_path / "grade.log").read_text()
     assert summary[("crashes", "crashes-1")][2].startswith("not run: the kernel died in cell 0")
 
 

@@ -21,3 +21,16 @@ def test_no_module_of_the_package_is_over_300_lines():
     paths = [path for folder in ("minillm", "widgets") for path in (ROOT / folder).rglob("*.py")]
     long = {str(path.relative_to(ROOT)): n for path in paths if (n := len(path.read_text().splitlines())) > MAX_LINES}
     assert not long, f"split these by idea (at most {MAX_LINES} lines each): {long}"
+
+
+def test_notebooks_name_nothing_undefined():
+    """pyflakes' checks over every chapter and solution (a notebook is read as one module, cell after
+    cell), and the undefined-name checks over the exercises (whose stubs leave names unused): a typo
+    in a branch that only a GPU runs, which CI's CPU never executes, still fails here."""
+    ruff = [sys.executable, "-m", "ruff", "check", "--no-cache", "--isolated", "--output-format", "concise"]
+    chapters = subprocess.run([*ruff, "--select", "F", str(ROOT / "notebooks"), str(ROOT / "solutions")],
+                              capture_output=True, text=True)
+    assert chapters.returncode == 0, chapters.stdout[-4000:]
+    exercises = subprocess.run([*ruff, "--select", "F821,F822,F823", str(ROOT / "exercises")], capture_output=True,
+                               text=True)
+    assert exercises.returncode == 0, exercises.stdout[-4000:]
