@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
@@ -73,11 +74,14 @@ class AsyncLLM:
     def get_tokenizer(self):
         return self.llm_engine.tokenizer
 
-    def add_request(self, request_id: str, prompt: PromptType,
-                    sampling_params: SamplingParams) -> AsyncIterator[RequestOutput]:
+    def add_request(self, request_id: str, prompt: PromptType, sampling_params: SamplingParams,
+                    arrival_time: float | None = None) -> AsyncIterator[RequestOutput]:
         """Queue a request and return its outputs as the engine makes them (every step when streaming,
         see SamplingParams.output_kind). Bad input raises ValueError here, before anything is queued.
-        A caller that stops listening (break, cancellation, a client gone) aborts the request."""
+        A caller that stops listening (break, cancellation, a client gone) aborts the request.
+        arrival_time (time.time()): when the request arrived, by default now; the engine thread picks
+        it up only between steps, and its waiting until then counts in its time to first token."""
+        arrival_time = time.time() if arrival_time is None else arrival_time
         text, token_ids = self.llm_engine.process_prompt(prompt)
         self.llm_engine.check_params(sampling_params)
         # Checked here rather than met in a step: the engine thread shares each step with every request.
@@ -87,7 +91,7 @@ class AsyncLLM:
         def add() -> None:
             try:
                 self.llm_engine.add_request(request_id, {"prompt": text, "prompt_token_ids": token_ids},
-                                            sampling_params)
+                                            sampling_params, arrival_time)
             except Exception as e:  # a request id already in use
                 stream.put(e)
             else:

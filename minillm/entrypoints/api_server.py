@@ -10,6 +10,7 @@ aborts its requests at once, whether it was streaming or waiting for the whole r
 from __future__ import annotations
 
 import secrets
+import time
 from collections.abc import AsyncIterator, Callable
 
 from fastapi import FastAPI, Request
@@ -37,6 +38,8 @@ def build_app(engine: AsyncLLM, served_model_name: str | None = None, api_key: s
 
     @app.middleware("http")
     async def authenticate(request: Request, call_next):
+        # Stamped before the body is read and parsed: a request's time to first token counts from here.
+        request.state.arrival_time = time.time()
         header = request.headers.get("authorization", "")
         if api_key is not None and request.url.path.startswith("/v1") and not secrets.compare_digest(
                 header.encode(), f"Bearer {api_key}".encode()):
@@ -89,12 +92,14 @@ def build_app(engine: AsyncLLM, served_model_name: str | None = None, api_key: s
 
     @app.post("/v1/completions")
     async def completions(request: CompletionRequest, raw: Request) -> Response:
-        return await serve(request, raw, lambda: serving_completion.completion_outputs(engine, request),
+        return await serve(request, raw, lambda: serving_completion.completion_outputs(
+                           engine, request, raw.state.arrival_time),
                            serving_completion.full_response, serving_completion.stream_chunks)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: ChatCompletionRequest, raw: Request) -> Response:
-        return await serve(request, raw, lambda: serving_chat.chat_outputs(engine, request, chat_template),
+        return await serve(request, raw, lambda: serving_chat.chat_outputs(
+                           engine, request, chat_template, raw.state.arrival_time),
                            serving_chat.full_response, serving_chat.stream_chunks)
 
     return app

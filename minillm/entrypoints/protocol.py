@@ -6,11 +6,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from minillm.sampling_params import MAX_INT32, MAX_LOGPROBS, MAX_SEED, MIN_SEED, RequestOutputKind, SamplingParams
 
 MAX_N = 128  # choices per request, as OpenAI caps it; each is a request in the engine
+# OpenAI's and vLLM's fields that minillm does not implement, each with the values that ask for
+# nothing (absent and null always do): any other value is refused by name, never silently ignored.
+UNSUPPORTED: dict[str, tuple] = {
+    "tools": ([],), "tool_choice": ("none",), "functions": ([],), "function_call": ("none",),
+    "response_format": ({"type": "text"},), "logit_bias": ({},), "suffix": ("",), "best_of": (1,),
+    "prompt_logprobs": (), "guided_json": (), "guided_regex": (), "guided_choice": (), "guided_grammar": (),
+}
 
 
 class StreamOptions(BaseModel):
@@ -18,7 +25,10 @@ class StreamOptions(BaseModel):
 
 
 class SamplingRequest(BaseModel):
-    """What completions and chat share."""
+    """What completions and chat share. Fields not named here are kept aside (`model_extra`): those
+    of UNSUPPORTED are refused, the rest (user, metadata, ...) change nothing and are ignored."""
+
+    model_config = ConfigDict(extra="allow")
 
     model: str | None = None
     n: int = Field(1, ge=1, le=MAX_N)
@@ -42,6 +52,7 @@ class SamplingRequest(BaseModel):
     def sampling_params(self, max_tokens: int | None, logprobs: int | None, index: int) -> SamplingParams:
         """The engine's parameters for choice `index`; SamplingParams raises ValueError naming the field
         and its range, which the server answers with a 400."""
+        self.refuse_unsupported()
         for name in ("presence_penalty", "frequency_penalty"):
             if getattr(self, name):
                 raise ValueError(f"{name} is not supported by minillm; it must be 0")
@@ -56,6 +67,15 @@ class SamplingRequest(BaseModel):
             ignore_eos=self.ignore_eos, logprobs=logprobs, skip_special_tokens=self.skip_special_tokens,
             include_stop_str_in_output=self.include_stop_str_in_output,
             output_kind=RequestOutputKind.CUMULATIVE if self.stream else RequestOutputKind.FINAL_ONLY)
+
+    def refuse_unsupported(self) -> None:
+        for name, value in (self.model_extra or {}).items():
+            neutral = UNSUPPORTED.get(name)
+            if neutral is not None and value is not None and value not in neutral and not (
+                    name == "best_of" and value == self.n):
+                raise ValueError(f"{name} is not supported by minillm (got {value!r:.60}); leave it out")
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("stream_options is only allowed with stream: true")
 
     @property
     def include_usage(self) -> bool:
@@ -103,6 +123,11 @@ class ChatCompletionRequest(SamplingRequest):
                 raise ValueError(f"messages[{i}].content must be a string or a list of text parts")
             out.append({**message, "role": role, "content": content})
         return out
+
+    def refuse_unsupported(self) -> None:
+        super().refuse_unsupported()
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs: true")
 
     def max_new_tokens(self) -> int | None:
         return self.max_tokens if self.max_completion_tokens is None else self.max_completion_tokens

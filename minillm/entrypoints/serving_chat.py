@@ -23,12 +23,13 @@ def render(tokenizer, request: ChatCompletionRequest, chat_template: str | None)
     return {"prompt": text, "prompt_token_ids": tokenizer(text, add_special_tokens=False)["input_ids"]}
 
 
-def chat_outputs(engine: AsyncLLM, request: ChatCompletionRequest,
-                 chat_template: str | None) -> tuple[str, int, AsyncIterator[Indexed]]:
+def chat_outputs(engine: AsyncLLM, request: ChatCompletionRequest, chat_template: str | None,
+                 arrival_time: float) -> tuple[str, int, AsyncIterator[Indexed]]:
     request_id = random_id("chatcmpl")
     prompt = render(engine.get_tokenizer(), request, chat_template)
     outputs = fan_out(engine, request_id, [prompt],
-                      lambda j: request.sampling_params(request.max_new_tokens(), request.num_logprobs(), j), request.n)
+                      lambda j: request.sampling_params(request.max_new_tokens(), request.num_logprobs(), j), request.n,
+                      arrival_time)
     return request_id, request.n, outputs
 
 

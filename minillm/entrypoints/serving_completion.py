@@ -10,11 +10,13 @@ from minillm.entrypoints.serving_engine import Indexed, collect, deltas, fan_out
 from minillm.outputs import CompletionOutput, Logprob
 
 
-def completion_outputs(engine: AsyncLLM, request: CompletionRequest) -> tuple[str, int, AsyncIterator[Indexed]]:
+def completion_outputs(engine: AsyncLLM, request: CompletionRequest,
+                       arrival_time: float) -> tuple[str, int, AsyncIterator[Indexed]]:
     """The engine's requests for this body, queued: (response id, choices, outputs); ValueError when invalid."""
     request_id, prompts = random_id("cmpl"), request.prompts()
     outputs = fan_out(engine, request_id, prompts,
-                      lambda j: request.sampling_params(request.max_tokens, request.logprobs, j), request.n)
+                      lambda j: request.sampling_params(request.max_tokens, request.logprobs, j), request.n,
+                      arrival_time)
     return request_id, len(prompts) * request.n, outputs
 
 

@@ -25,10 +25,11 @@ def random_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
-def fan_out(engine: AsyncLLM, request_id: str, prompts: list[dict],
-            params: Callable[[int], SamplingParams], n: int) -> AsyncIterator[Indexed]:
+def fan_out(engine: AsyncLLM, request_id: str, prompts: list[dict], params: Callable[[int], SamplingParams],
+            n: int, arrival_time: float) -> AsyncIterator[Indexed]:
     """Queue choice prompt_index * n + j of every prompt and merge their outputs. Bad input raises
-    ValueError here, before anything is queued; each prompt is tokenized once for its n choices."""
+    ValueError here, before anything is queued; each prompt is tokenized once for its n choices.
+    arrival_time: when the HTTP request reached the server (its TTFT counts from there)."""
     choice_params = [params(j) for j in range(n)]
     tokenized = []
     for prompt in prompts:
@@ -41,7 +42,7 @@ def fan_out(engine: AsyncLLM, request_id: str, prompts: list[dict],
         check_fits_context(len(prompt["prompt_token_ids"]), max_tokens, engine.llm_engine.max_model_len)
     queued = {p * n + j: (f"{request_id}-{p * n + j}", prompt, choice_params[j])
               for p, prompt in enumerate(tokenized) for j in range(n)}
-    streams = {index: engine.add_request(*args) for index, args in queued.items()}
+    streams = {index: engine.add_request(*args, arrival_time) for index, args in queued.items()}
     return _merge(engine, streams, [rid for rid, _, _ in queued.values()])
 
 

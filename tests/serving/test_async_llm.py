@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -87,3 +88,22 @@ def test_a_request_whose_sampling_tensors_cannot_be_built_fails_alone():
     finally:
         engine.shutdown()
     assert outs[-1].finished and len(outs[-1].outputs[0].token_ids) == 4 and not errored
+
+
+def test_arrival_is_stamped_when_the_request_comes_not_when_the_engine_thread_takes_it():
+    """The engine thread takes new requests between steps; a request that waited for it (here behind
+    a half-second command) has waited as a user has, and its time to first token says so."""
+    engine = AsyncLLM("tiny", **ENGINE)
+
+    async def main():
+        engine._submit(lambda: time.sleep(0.5), lambda error: None)  # the thread is busy for 0.5 s
+        called = time.time()
+        outs = [out async for out in engine.add_request("r", "def f(x):", SamplingParams(max_tokens=2))]
+        return called, outs[-1].metrics
+
+    try:
+        called, metrics = asyncio.run(main())
+    finally:
+        engine.shutdown()
+    assert called <= metrics.arrival_time < called + 0.1
+    assert metrics.first_token_time - metrics.arrival_time >= 0.4  # the wait behind the busy thread counts

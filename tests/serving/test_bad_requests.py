@@ -56,6 +56,34 @@ def test_extreme_values_get_a_400_naming_the_field(server, route, body, words):
     assert_still_serving(server)
 
 
+@pytest.mark.parametrize("route, body, words", [
+    ("/chat/completions", {"messages": MESSAGES, "tools": [{"type": "function", "function": {"name": "f"}}]},
+     "tools is not supported"),
+    ("/chat/completions", {"messages": MESSAGES, "tool_choice": "required"}, "tool_choice is not supported"),
+    ("/chat/completions", {"messages": MESSAGES, "response_format": {"type": "json_object"}},
+     "response_format is not supported"),
+    ("/completions", {"prompt": "x", "logit_bias": {"5": 100}}, "logit_bias is not supported"),
+    ("/completions", {"prompt": "x", "best_of": 3}, "best_of is not supported"),
+    ("/completions", {"prompt": "x", "suffix": "end"}, "suffix is not supported"),
+    ("/chat/completions", {"messages": MESSAGES, "top_logprobs": 2}, "top_logprobs needs logprobs"),
+    ("/completions", {"prompt": "x", "stream_options": {"include_usage": True}}, "stream_options is only allowed"),
+])
+def test_what_minillm_does_not_implement_is_refused_by_name(server, route, body, words):
+    reply = post(server, route, {**body, "max_tokens": 2})
+    assert reply.status_code == 400, reply.text
+    assert words in reply.json()["error"]["message"]
+    assert_still_serving(server)
+
+
+def test_the_values_that_ask_for_nothing_are_served(server):
+    """What clients send by default (null, empty, "none", plain text) and fields that change nothing."""
+    neutral = {"tools": None, "tool_choice": "none", "response_format": {"type": "text"}, "logit_bias": {},
+               "best_of": 1, "suffix": None, "user": "someone", "parallel_tool_calls": False}
+    reply = post(server, "/chat/completions", {"messages": MESSAGES, "max_tokens": 2, **neutral})
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["usage"]["completion_tokens"] == 2
+
+
 def test_a_prompt_and_max_tokens_past_the_context_name_both_lengths(server):
     error = post(server, "/completions", {"prompt": list(range(1, 201)), "max_tokens": 57}).json()["error"]
     assert "256" in error["message"] and "200" in error["message"] and "57" in error["message"]
