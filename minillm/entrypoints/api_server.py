@@ -1,7 +1,8 @@
 """`minillm serve MODEL`: vLLM's OpenAI-compatible HTTP API on an `AsyncLLM`, with FastAPI.
 
 Routes: POST /v1/completions and /v1/chat/completions (streamed as server-sent events with
-`stream: true`), GET /v1/models, /health (503 once the engine is dead) and /metrics (Prometheus).
+`stream: true`), GET /v1/models and /v1/models/{id}, /health (503 once the engine is dead) and
+/metrics (Prometheus); vLLM's POST /tokenize and /detokenize, and GET /version.
 Errors are OpenAI-shaped: 400 for invalid input (the engine's own ValueError message), 401 without
 the API key, 404 for another model's name, 503 when the engine is dead. A client that disconnects
 aborts its requests at once, whether it was streaming or waiting for the whole response.
@@ -20,10 +21,19 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from minillm.async_llm import AsyncLLM, EngineDeadError
 from minillm.entrypoints import serving_chat, serving_completion
 from minillm.entrypoints.prometheus import prometheus_text
-from minillm.entrypoints.protocol import ChatCompletionRequest, CompletionRequest, SamplingRequest, error_body
+from minillm.entrypoints.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    SamplingRequest,
+    TokenizeRequest,
+    error_body,
+)
 from minillm.entrypoints.serving_engine import Indexed, event_stream, now, while_connected
+from minillm.version import __version__
 
 CLIENT_CLOSED = 499  # nginx's status for a request whose client left; nobody reads it
+NO_TOKENIZER = "this server was started with skip_tokenizer_init: it has no tokenizer"
 
 
 def error(status: int, message: str) -> JSONResponse:
@@ -67,11 +77,51 @@ def build_app(engine: AsyncLLM, served_model_name: str | None = None, api_key: s
         return Response(prometheus_text(await engine.get_metrics()),
                         media_type="text/plain; version=0.0.4; charset=utf-8")
 
+    def card() -> dict:
+        return {"id": model, "object": "model", "created": now(), "owned_by": "minillm",
+                "root": engine.model_name, "max_model_len": engine.llm_engine.max_model_len}
+
     @app.get("/v1/models")
     async def models() -> dict:
-        card = {"id": model, "object": "model", "created": now(), "owned_by": "minillm",
-                "root": engine.model_name, "max_model_len": engine.llm_engine.max_model_len}
-        return {"object": "list", "data": [card]}
+        return {"object": "list", "data": [card()]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model_card(model_id: str) -> Response:
+        if model_id != model:
+            return error(404, f"The model `{model_id}` does not exist; this server serves `{model}`")
+        return JSONResponse(card())
+
+    @app.get("/version")
+    async def version() -> dict:
+        return {"version": __version__}
+
+    @app.post("/tokenize")
+    async def tokenize(request: TokenizeRequest) -> Response:
+        if request.model is not None and request.model != model:
+            return error(404, f"The model `{request.model}` does not exist; this server serves `{model}`")
+        if (request.prompt is None) == (request.messages is None):
+            return error(400, "send either prompt or messages")
+        if (tokenizer := engine.get_tokenizer()) is None:
+            return error(400, NO_TOKENIZER)
+        try:
+            if request.messages is not None:
+                chat = ChatCompletionRequest(messages=request.messages,
+                                             add_generation_prompt=request.add_generation_prompt)
+                ids = serving_chat.render(tokenizer, chat, chat_template)["prompt_token_ids"]
+            else:
+                ids = tokenizer(request.prompt, add_special_tokens=request.add_special_tokens)["input_ids"]
+        except (ValueError, TypeError) as e:
+            return error(400, str(e))
+        return JSONResponse({"count": len(ids), "max_model_len": engine.llm_engine.max_model_len, "tokens": ids})
+
+    @app.post("/detokenize")
+    async def detokenize(request: DetokenizeRequest) -> Response:
+        vocab = engine.llm_engine.model_config.vocab_size
+        if bad := [t for t in request.tokens if not 0 <= t < vocab]:
+            return error(400, f"tokens must be ids in [0, {vocab}); got {bad[:5]}")
+        if (tokenizer := engine.get_tokenizer()) is None:
+            return error(400, NO_TOKENIZER)
+        return JSONResponse({"prompt": tokenizer.decode(request.tokens)})
 
     async def serve(request: SamplingRequest, raw: Request, start: Callable, full: Callable,
                     chunks: Callable) -> Response:

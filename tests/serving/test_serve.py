@@ -10,6 +10,7 @@ import httpx
 import openai
 import pytest
 
+import minillm
 from minillm import LLM, SamplingParams
 from minillm.entrypoints.background import BackgroundServer
 from minillm.eval.heldout import eval_token_ids
@@ -202,6 +203,27 @@ def test_models_health_and_metrics(server, client):
                  "vllm:prompt_tokens_total", "vllm:generation_tokens_total",
                  "vllm:time_to_first_token_seconds_bucket", "vllm:request_time_per_output_token_seconds_count"):
         assert name + "{" in text, name
+
+
+def test_vllms_routes_for_models_tokens_and_the_version(server, client, reference):
+    assert client.models.retrieve("tiny").id == "tiny"
+    with pytest.raises(openai.NotFoundError, match="does not exist"):
+        client.models.retrieve("gpt-4")
+    assert httpx.get(server.url + "/version").json() == {"version": minillm.__version__}
+    tokenizer = reference.get_tokenizer()
+    ids = tokenizer("def fib(n):")["input_ids"]
+    tokens = httpx.post(server.url + "/tokenize", json={"prompt": "def fib(n):"}).json()
+    assert tokens == {"count": len(ids), "max_model_len": ENGINE["max_model_len"], "tokens": ids}
+    messages = [{"role": "user", "content": "hi"}]
+    chat = httpx.post(server.url + "/tokenize", json={"messages": messages}).json()
+    rendered = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert chat["tokens"] == tokenizer(rendered, add_special_tokens=False)["input_ids"]
+    assert httpx.post(server.url + "/detokenize", json={"tokens": ids}).json() == {"prompt": tokenizer.decode(ids)}
+    for route, body, words in [("/tokenize", {}, "either prompt or messages"),
+                               ("/tokenize", {"prompt": "x", "model": "other"}, "does not exist"),
+                               ("/detokenize", {"tokens": [10**9]}, "tokens must be ids in [0, ")]:
+        reply = httpx.post(server.url + route, json=body)
+        assert reply.status_code in (400, 404) and words in reply.json()["error"]["message"], reply.text
 
 
 def test_api_key_and_a_model_without_a_chat_template():
