@@ -149,7 +149,8 @@ step 1 host 15 $PY -m minillm.cli bench step --device cuda --steps 30 --out "$OU
 # pytest-xdist, where it is installed, runs the GPU tests in parallel on the one GPU.
 XDIST=$($PY -c "import xdist" 2>/dev/null && echo "-n 6")
 TESTS="$PY -m pytest -q -p no:cacheprovider $XDIST --timeout=240 -rfE tests/kernels/test_gpu.py tests/kernels/test_kernels.py \
-    tests/kernels/test_quant_kernels.py tests/kernels/test_kv_int8.py tests/model/test_hf_parity.py \
+    tests/kernels/test_quant_kernels.py tests/kernels/test_kv_int8.py tests/kernels/test_layer_kernels.py \
+    tests/model/test_hf_parity.py \
     tests/model/test_kernel_ops.py tests/engine/test_paged_engine.py tests/engine/test_cuda_graph.py \
     tests/engine/test_device.py tests/engine/test_spec_decode.py tests/bench/test_bench_decode.py \
     tests/bench/test_bench_kernels.py --junitxml=$OUTDIR/tests.xml"
