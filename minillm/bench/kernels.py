@@ -9,8 +9,9 @@ Counted on every device by the dispatcher: each aten op that computes (not a vie
 allocation) is one launch, and each call of a Triton kernel from the engine's `KernelOps` is one
 launch (the aten ops inside it, which only the CPU interpreter makes, are not counted). Each count
 is charged to the decoder layer it ran in, or to "outside" (embedding, final norm, head, sampler).
-On a CUDA GPU the profiler also counts the kernels the GPU ran in the same steps: the ground truth
-that the dispatcher's count should match.
+On a CUDA GPU the profiler also counts the kernels the GPU ran in the same steps: the ground truth,
+higher than the dispatcher's where one call launches several kernels (a split-KV attention and its
+reduction, a split-K matmul).
 """
 
 from __future__ import annotations
@@ -75,8 +76,8 @@ def _is_triton_kernel(fn) -> bool:
 
 
 def count_step_launches(llm: LLM, batch: int = 1, context: int = 32, steps: int = 3) -> dict:
-    """Launches of `steps` eager decode steps of `batch` sequences, per step and per layer, with the
-    op names of one layer's step."""
+    """Launches of `steps` eager decode steps of `batch` sequences: per layer (mean and each), outside
+    the layers, per step, and the op names of the last layer's step."""
     engine = llm.llm_engine
     layers = decoder_layers(engine.model)
     counter = LaunchCounter()

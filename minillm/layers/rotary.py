@@ -52,8 +52,8 @@ def cos_sin_cache(inv_freq: torch.Tensor, max_positions: int, dtype: torch.dtype
 
 class RotaryEmbedding(CustomOp):
     """Rotates a layer's queries and keys by their positions. The cos/sin table covers every position
-    the model can see and is built once, at the first step (not once per step, and never inside a
-    captured CUDA graph: the engine runs eager steps first); every layer shares it."""
+    the model can see and is built once, at the first forward pass (not once per step; never inside a
+    captured CUDA graph, whose capture is preceded by a warm-up pass); every layer shares it."""
 
     def __init__(self, head_dim: int, theta: float, scaling: dict, max_positions: int,
                  ops: KernelOps | None = None) -> None:
