@@ -60,8 +60,8 @@ def _serve(args) -> None:
     template = Path(args.chat_template).read_text() if args.chat_template else None
     engine = AsyncLLM(args.model, speculative_config=speculative_config(args), **engine_kwargs(args))
     try:
-        uvicorn.run(build_app(engine, args.served_model_name, args.api_key, template), host=args.host,
-                    port=args.port, log_level="info")
+        uvicorn.run(build_app(engine, args.served_model_name, args.api_key, template, args.max_body_bytes),
+                    host=args.host, port=args.port, log_level="info")
     finally:
         engine.shutdown()
 

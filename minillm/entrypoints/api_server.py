@@ -20,6 +20,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from minillm.async_llm import AsyncLLM, EngineDeadError
 from minillm.entrypoints import serving_chat, serving_completion
+from minillm.entrypoints.cli_args import MAX_BODY_BYTES
 from minillm.entrypoints.prometheus import prometheus_text
 from minillm.entrypoints.protocol import (
     ChatCompletionRequest,
@@ -41,8 +42,9 @@ def error(status: int, message: str) -> JSONResponse:
 
 
 def build_app(engine: AsyncLLM, served_model_name: str | None = None, api_key: str | None = None,
-              chat_template: str | None = None) -> FastAPI:
-    """chat_template: a Jinja template replacing the tokenizer's own."""
+              chat_template: str | None = None, max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
+    """chat_template: a Jinja template replacing the tokenizer's own; max_body_bytes: the largest
+    request body taken (by its Content-Length), 413 past it."""
     model = served_model_name or engine.model_name
     app = FastAPI(title="minillm", version="0")
 
@@ -50,6 +52,10 @@ def build_app(engine: AsyncLLM, served_model_name: str | None = None, api_key: s
     async def authenticate(request: Request, call_next):
         # Stamped before the body is read and parsed: a request's time to first token counts from here.
         request.state.arrival_time = time.time()
+        length = request.headers.get("content-length", "")
+        if length.isdigit() and int(length) > max_body_bytes:
+            return error(413, f"the request body is {int(length):,} bytes; this server takes at most "
+                              f"{max_body_bytes:,} (minillm serve --max-body-bytes)")
         header = request.headers.get("authorization", "")
         if api_key is not None and request.url.path.startswith("/v1") and not secrets.compare_digest(
                 header.encode(), f"Bearer {api_key}".encode()):

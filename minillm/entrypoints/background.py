@@ -15,13 +15,15 @@ import uvicorn
 
 from minillm.async_llm import AsyncLLM
 from minillm.entrypoints.api_server import build_app
+from minillm.entrypoints.cli_args import MAX_BODY_BYTES
 
 
 class BackgroundServer:
     def __init__(self, model: str, *, host: str = "127.0.0.1", port: int = 0, api_key: str | None = None,
-                 served_model_name: str | None = None, chat_template: str | None = None, **engine_args) -> None:
+                 served_model_name: str | None = None, chat_template: str | None = None,
+                 max_body_bytes: int = MAX_BODY_BYTES, **engine_args) -> None:
         self.engine = AsyncLLM(model, **engine_args)
-        app = build_app(self.engine, served_model_name, api_key, chat_template)
+        app = build_app(self.engine, served_model_name, api_key, chat_template, max_body_bytes)
         # The socket is bound here, so the port is known (and taken) before the thread starts.
         self._socket = socket.create_server((host, port))
         self.host, self.port = self._socket.getsockname()[:2]

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import argparse
 
+# A request body past this is refused before it is read: parsing and tokenizing a body holds the
+# event loop, which every other client waits on, for a time that grows with its size.
+MAX_BODY_BYTES = 16 << 20
+
 # (engine argument, type, help); the flag is the name with dashes, and None leaves the engine's default.
 ENGINE_ARGS: tuple[tuple[str, type, str], ...] = (
     ("device", str, "cuda, mps or cpu (default: the best available)"),
@@ -32,6 +36,8 @@ def add_serve_args(p: argparse.ArgumentParser, speculative_args) -> None:
     p.add_argument("--api-key", default=None, help="required as 'Authorization: Bearer KEY' on /v1")
     p.add_argument("--served-model-name", default=None, help="the name clients use (default: MODEL)")
     p.add_argument("--chat-template", default=None, help="a Jinja file replacing the tokenizer's template")
+    p.add_argument("--max-body-bytes", type=int, default=MAX_BODY_BYTES,
+                   help="the largest request body taken (default 16 MiB); larger ones get a 413")
     for name, kind, text in ENGINE_ARGS:
         p.add_argument("--" + name.replace("_", "-"), type=kind, default=None, help=text)
     p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None)

@@ -151,7 +151,7 @@ class DetokenizeRequest(BaseModel):
     tokens: list[int]
 
 
-ERROR_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError",
+ERROR_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError", 413: "RequestTooLargeError",
                500: "InternalServerError", 503: "ServiceUnavailableError"}
 
 

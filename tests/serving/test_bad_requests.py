@@ -96,3 +96,14 @@ def test_stop_token_ids_past_the_vocabulary_never_match_and_break_nothing(server
                                           "stop_token_ids": [10**6]})
     assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] == 3
     assert_still_serving(server)
+
+
+def test_a_body_past_the_limit_gets_a_413_before_it_is_read():
+    """Checked by its Content-Length, so a huge body costs the event loop nothing; the limit is the
+    server's --max-body-bytes (here 4 KiB), and a body under it is served as usual."""
+    with BackgroundServer("tiny", max_body_bytes=4096, **ENGINE) as small:
+        reply = post(small, "/completions", {"prompt": "x" * 5000, "max_tokens": 2})
+        assert reply.status_code == 413, reply.text
+        error = reply.json()["error"]
+        assert "at most 4,096" in error["message"] and error["code"] == 413
+        assert_still_serving(small)
