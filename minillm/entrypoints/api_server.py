@@ -83,6 +83,9 @@ def build_app(engine: AsyncLLM, served_model_name: str | None = None, api_key: s
         return Response(prometheus_text(await engine.get_metrics()),
                         media_type="text/plain; version=0.0.4; charset=utf-8")
 
+    def unknown_model(name: str) -> JSONResponse:
+        return error(404, f"The model `{name}` does not exist; this server serves `{model}`")
+
     def card() -> dict:
         return {"id": model, "object": "model", "created": now(), "owned_by": "minillm",
                 "root": engine.model_name, "max_model_len": engine.llm_engine.max_model_len}
@@ -94,7 +97,7 @@ def build_app(engine: AsyncLLM, served_model_name: str | None = None, api_key: s
     @app.get("/v1/models/{model_id:path}")
     async def model_card(model_id: str) -> Response:
         if model_id != model:
-            return error(404, f"The model `{model_id}` does not exist; this server serves `{model}`")
+            return unknown_model(model_id)
         return JSONResponse(card())
 
     @app.get("/version")
@@ -104,7 +107,7 @@ def build_app(engine: AsyncLLM, served_model_name: str | None = None, api_key: s
     @app.post("/tokenize")
     async def tokenize(request: TokenizeRequest) -> Response:
         if request.model is not None and request.model != model:
-            return error(404, f"The model `{request.model}` does not exist; this server serves `{model}`")
+            return unknown_model(request.model)
         if (request.prompt is None) == (request.messages is None):
             return error(400, "send either prompt or messages")
         if (tokenizer := engine.get_tokenizer()) is None:
@@ -134,8 +137,9 @@ def build_app(engine: AsyncLLM, served_model_name: str | None = None, api_key: s
         if engine.errored:
             raise engine.dead_error
         if request.model is not None and request.model != model:
-            return error(404, f"The model `{request.model}` does not exist; this server serves `{model}`")
+            return unknown_model(request.model)
         try:
+            request.refuse_unsupported()  # the request's own fields, before any choice is built
             request_id, count, outputs = start()
         except (ValueError, TypeError) as e:
             return error(400, str(e))

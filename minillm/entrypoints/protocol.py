@@ -52,10 +52,6 @@ class SamplingRequest(BaseModel):
     def sampling_params(self, max_tokens: int | None, logprobs: int | None, index: int) -> SamplingParams:
         """The engine's parameters for choice `index`; SamplingParams raises ValueError naming the field
         and its range, which the server answers with a 400."""
-        self.refuse_unsupported()
-        for name in ("presence_penalty", "frequency_penalty"):
-            if getattr(self, name):
-                raise ValueError(f"{name} is not supported by minillm; it must be 0")
         if self.seed is not None and MIN_SEED <= self.seed <= MAX_SEED < self.seed + self.n - 1:
             raise ValueError(f"seed must be in [{MIN_SEED}, {MAX_SEED - self.n + 1}] with n={self.n}: "
                              "choice j samples with seed + j")
@@ -69,6 +65,10 @@ class SamplingRequest(BaseModel):
             output_kind=RequestOutputKind.CUMULATIVE if self.stream else RequestOutputKind.FINAL_ONLY)
 
     def refuse_unsupported(self) -> None:
+        """ValueError naming the first field asking for what minillm does not implement."""
+        for name in ("presence_penalty", "frequency_penalty"):
+            if getattr(self, name):
+                raise ValueError(f"{name} is not supported by minillm; it must be 0")
         for name, value in (self.model_extra or {}).items():
             neutral = UNSUPPORTED.get(name)
             if neutral is not None and value is not None and value not in neutral and not (
