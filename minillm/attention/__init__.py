@@ -5,10 +5,10 @@ it reads from the step's sequences, and the model runner binds the backend to it
 cache layout or the kernel never touches the model.
 """
 
-from minillm.attention.base import AttentionBackend, AttentionMetadata
+from minillm.attention.base import AttentionBackend, AttentionMetadata, BatchDescriptor
 from minillm.attention.contiguous import ContiguousAttention
 from minillm.attention.no_cache import NoCacheAttention
 from minillm.attention.per_sequence import append_and_attend, attend
 
-__all__ = ["AttentionBackend", "AttentionMetadata", "ContiguousAttention", "NoCacheAttention",
+__all__ = ["AttentionBackend", "AttentionMetadata", "BatchDescriptor", "ContiguousAttention", "NoCacheAttention",
            "append_and_attend", "attend"]

@@ -33,12 +33,26 @@ class AttentionMetadata:
     cu_seqlens_q: torch.Tensor | None = None  # [num_seqs + 1] int32: query_start_loc on the device
     max_query_len: int = 0
     max_seq_len: int = 0
-    # The batch puts single-query sequences (decodes) first: the first num_decodes sequences.
-    num_decodes: int = 0
+    # Every sequence row brings one query: the split-KV decode kernel runs (else the ragged kernel).
+    decode_only: bool = False
 
     @property
     def num_seqs(self) -> int:
         return len(self.start_pos)
+
+
+@dataclass(frozen=True)
+class BatchDescriptor:
+    """The padded shape of a step that a CUDA graph replays (vLLM's name): num_tokens token rows,
+    num_seqs sequence rows, num_logits rows of logits. Rows past the batch's own are padding that
+    stores nothing and attends to nothing. uniform_decode: one query per sequence, each sampled (the
+    decode kernel's launch, and logits at every row); otherwise the ragged kernel's, whose launch
+    depends only on these numbers."""
+
+    num_tokens: int
+    num_seqs: int
+    num_logits: int
+    uniform_decode: bool
 
 
 def query_start_loc(query_lens: list[int]) -> list[int]:
@@ -51,15 +65,15 @@ def query_start_loc(query_lens: list[int]) -> list[int]:
 
 class AttentionBackend(Protocol):
     name: str
-    # Whether a pure decode step over this backend can be captured as a CUDA graph: its metadata
-    # lives in persistent tensors (decode_graph_metadata) and it never syncs with the host. A backend
-    # that says False always runs eagerly (vLLM: the backend's cudagraph support).
+    # Whether this backend's steps can be captured as CUDA graphs: its metadata lives in persistent
+    # tensors (graph_metadata) and it never syncs with the host. A backend that says False always
+    # runs eagerly (vLLM: the backend's cudagraph support).
     supports_cuda_graphs: bool
 
     def build_metadata(self, seqs: list[Sequence], start_pos: list[int], query_lens: list[int],
-                       num_rows: int | None = None) -> AttentionMetadata:
+                       batch: BatchDescriptor | None = None) -> AttentionMetadata:
         """A step's metadata: sequence i computes query_lens[i] tokens from position start_pos[i].
-        Rows past the batch up to num_rows are padding (a CUDA graph's), which reads and writes nothing."""
+        batch: padded to that shape (a CUDA graph's), the padding reading and writing nothing."""
         ...
 
     def forward(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import torch
 
-from minillm.attention.base import AttentionMetadata, query_start_loc
+from minillm.attention.base import AttentionMetadata, BatchDescriptor, query_start_loc
 from minillm.attention.per_sequence import append_and_attend
 from minillm.kv.contiguous_cache import ContiguousKVCache
 from minillm.sequence import Sequence
@@ -27,7 +27,7 @@ class ContiguousAttention:
         self.cache_attention = cache_attention
 
     def build_metadata(self, seqs: list[Sequence], start_pos: list[int], query_lens: list[int],
-                       num_rows: int | None = None) -> AttentionMetadata:
+                       batch: BatchDescriptor | None = None) -> AttentionMetadata:
         return AttentionMetadata(query_start_loc=query_start_loc(query_lens), start_pos=list(start_pos),
                                  kv_buffers=[self.cache.buffer(seq) for seq in seqs])
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from minillm.attention.base import AttentionMetadata, query_start_loc
+from minillm.attention.base import AttentionMetadata, BatchDescriptor, query_start_loc
 from minillm.attention.per_sequence import attend
 from minillm.sequence import Sequence
 
@@ -17,7 +17,7 @@ class NoCacheAttention:
     supports_cuda_graphs = False  # nothing persistent to attend over
 
     def build_metadata(self, seqs: list[Sequence], start_pos: list[int], query_lens: list[int],
-                       num_rows: int | None = None) -> AttentionMetadata:
+                       batch: BatchDescriptor | None = None) -> AttentionMetadata:
         return AttentionMetadata(query_start_loc=query_start_loc(query_lens), start_pos=list(start_pos))
 
     def forward(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

@@ -1,21 +1,24 @@
 """Paged attention: K/V live in the block pool; a step writes its new K/V through the slot mapping,
 then attends by reading each sequence's blocks through its block table.
 
-Two kernels do the reading: decode (every sequence brings one query) and prefill (a ragged batch
-of several queries per sequence, attending to their cached prefix and causally to each other). A
-step that mixes them has its single-query sequences first (the scheduler orders them so): one
-decode call takes those, one prefill call the rest. Which implementation runs is the engine's
-KernelOps: the readable PyTorch references, or Triton's kernels (minillm.kernels.ops).
+Two kernels do the reading: decode, where every sequence brings one query (split-KV, which keeps a
+GPU busy on long contexts at small batches), and the ragged kernel for every other step: prompt
+chunks, verification rows and decodes mixed in one launch, each sequence attending to its cached
+prefix and causally to its own new tokens. Which implementation runs is the engine's KernelOps: the
+readable PyTorch references, or Triton's kernels (minillm.kernels.ops).
 
 The backend builds its own metadata from the sequences' block tables, into tensors allocated once:
-their addresses never change, so a CUDA graph captured at start-up reads every later step's.
+their addresses never change, so a CUDA graph captured at start-up reads every later step's. A graph
+is captured for a padded shape (a BatchDescriptor); a step padded to it has padding token rows that
+store nothing (slot -1) and belong to a last sequence row with no keys, and padding sequence rows
+of length 0: every padding row attends to nothing and gives zeros.
 """
 
 from __future__ import annotations
 
 import torch
 
-from minillm.attention.base import AttentionMetadata, query_start_loc
+from minillm.attention.base import AttentionMetadata, BatchDescriptor, query_start_loc
 from minillm.kernels.ops import KernelOps
 from minillm.kv.pool import KVPool
 from minillm.sequence import Sequence
@@ -43,17 +46,18 @@ class PagedAttention:
         def zeros(*shape: int) -> torch.Tensor:
             return torch.zeros(shape, dtype=torch.int32, device=device)
 
-        self.slot_mapping = zeros(max_num_tokens)
-        self.block_tables = zeros(max_num_seqs, -(-max_model_len // block_size))  # wide enough for max_model_len
-        self.seq_lens = zeros(max_num_seqs)
-        self.cu_seqlens_q = zeros(max_num_seqs + 1)
+        # One sequence row more than a step has: a padded step's padding tokens belong to it.
+        self.slot_mapping = torch.full((max_num_tokens,), -1, dtype=torch.int32, device=device)
+        self.block_tables = zeros(max_num_seqs + 1, -(-max_model_len // block_size))  # wide enough for max_model_len
+        self.seq_lens = zeros(max_num_seqs + 1)
+        self.cu_seqlens_q = zeros(max_num_seqs + 2)
 
     @property
     def kernel(self) -> str:
         return self.ops.kernel
 
     def build_metadata(self, seqs: list[Sequence], start_pos: list[int], query_lens: list[int],
-                       num_rows: int | None = None) -> AttentionMetadata:
+                       batch: BatchDescriptor | None = None) -> AttentionMetadata:
         size = self.block_size
         loc = query_start_loc(query_lens)
         slots: list[int] = []
@@ -66,37 +70,42 @@ class PagedAttention:
         tables = torch.tensor([seq.block_table + [0] * (width - len(seq.block_table)) for seq in seqs],
                               dtype=torch.int32)
         self.block_tables[:len(seqs), :width].copy_(tables, non_blocking=True)
-        return AttentionMetadata(
-            query_start_loc=loc, start_pos=list(start_pos), block_tables=self.block_tables[:len(seqs), :width],
-            slot_mapping=stage(self.slot_mapping, slots, num_rows, pad=-1),  # -1: store nothing
-            seq_lens=stage(self.seq_lens, seq_lens, num_rows),  # 0: attend to nothing
-            cu_seqlens_q=stage(self.cu_seqlens_q, loc), max_seq_len=max(seq_lens), max_query_len=max(query_lens),
-            num_decodes=next((i for i, n in enumerate(query_lens) if n > 1), len(seqs)))
+        if batch is None:
+            return AttentionMetadata(
+                query_start_loc=loc, start_pos=list(start_pos), block_tables=self.block_tables[:len(seqs), :width],
+                slot_mapping=stage(self.slot_mapping, slots), seq_lens=stage(self.seq_lens, seq_lens),
+                cu_seqlens_q=stage(self.cu_seqlens_q, loc), max_seq_len=max(seq_lens),
+                max_query_len=max(query_lens), decode_only=all(n == 1 for n in query_lens))
+        # Padding sequence rows own no tokens but the last, which owns the padding token rows.
+        pad_rows = batch.num_seqs - len(seqs)
+        padded_loc = loc + [loc[-1]] * (pad_rows - 1) + [batch.num_tokens] if pad_rows else loc
+        stage(self.slot_mapping, slots, batch.num_tokens, pad=-1)  # -1: store nothing
+        stage(self.seq_lens, seq_lens, batch.num_seqs)  # 0: attend to nothing
+        stage(self.cu_seqlens_q, padded_loc)
+        metadata = self.graph_metadata(batch)
+        metadata.query_start_loc, metadata.start_pos = loc, list(start_pos)
+        return metadata
 
-    def decode_graph_metadata(self, num_rows: int) -> AttentionMetadata:
-        """The metadata of a pure decode step of num_rows rows, whatever the sequences: what a CUDA graph
-        captures, every tensor a fixed view of this backend's, sized for max_model_len."""
+    def graph_metadata(self, batch: BatchDescriptor) -> AttentionMetadata:
+        """The metadata of any step padded to `batch`, whatever its sequences: what a CUDA graph
+        captures, every tensor a fixed view of this backend's, the tables as wide as max_model_len
+        needs. Its bounds are the shape's: the decode kernel's partitions cover max_model_len, the
+        ragged kernel's tiles are chosen for queries as long as the whole shape."""
+        n = batch.num_seqs
         return AttentionMetadata(
-            query_start_loc=list(range(num_rows + 1)), start_pos=[0] * num_rows,
-            slot_mapping=self.slot_mapping[:num_rows], block_tables=self.block_tables[:num_rows],
-            seq_lens=self.seq_lens[:num_rows], max_query_len=1, max_seq_len=self.max_model_len, num_decodes=num_rows)
+            query_start_loc=list(range(n + 1)), start_pos=[0] * n,
+            slot_mapping=self.slot_mapping[:batch.num_tokens], block_tables=self.block_tables[:n],
+            seq_lens=self.seq_lens[:n], cu_seqlens_q=self.cu_seqlens_q[:n + 1], max_seq_len=self.max_model_len,
+            max_query_len=1 if batch.uniform_decode else batch.num_tokens, decode_only=batch.uniform_decode)
 
     def forward(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 metadata: AttentionMetadata) -> torch.Tensor:
         k_cache, v_cache = self.kv_pool.kv_caches[layer_idx]
         scales = self.scale_args[layer_idx]
         self.ops.store_kvcache(k, v, k_cache, v_cache, metadata.slot_mapping, **scales)
-        d = metadata.num_decodes
-        if d == metadata.num_seqs:
+        if metadata.decode_only:
             return self.ops.paged_decode_attention(q, k_cache, v_cache, metadata.block_tables, metadata.seq_lens,
                                                    self.scale, max_seq_len=metadata.max_seq_len, **scales)
-        # Prompt chunks (their queries start at row d), and any decodes before them in one decode call.
-        out = torch.empty_like(q)
-        if d:
-            out[:d] = self.ops.paged_decode_attention(q[:d], k_cache, v_cache, metadata.block_tables[:d],
-                                                      metadata.seq_lens[:d], self.scale,
-                                                      max_seq_len=metadata.max_seq_len, **scales)
-        out[d:] = self.ops.paged_prefill_attention(q[d:], k_cache, v_cache, metadata.cu_seqlens_q[d:] - d,
-                                                   metadata.seq_lens[d:], metadata.block_tables[d:], self.scale,
-                                                   max_query_len=metadata.max_query_len, **scales)
-        return out
+        return self.ops.paged_prefill_attention(q, k_cache, v_cache, metadata.cu_seqlens_q, metadata.seq_lens,
+                                                metadata.block_tables, self.scale,
+                                                max_query_len=metadata.max_query_len, **scales)

@@ -35,8 +35,11 @@ if TYPE_CHECKING:
 DECODE_COLUMNS = [("mode", "mode"), ("batch", "batch"), ("step_ms", "step ms"), ("tokens_per_s", "tokens/s"),
                   ("GB_per_step", "GB moved"), ("GB_s", "GB/s"), ("of_copy_bw", "of copy bw"),
                   ("TFLOP_s", "TFLOP/s"), ("intensity", "flop/byte"), ("bound", "bound by")]
-PREFILL_COLUMNS = [("tokens", "prompt tokens"), ("ms", "ms (time to first token)"), ("TFLOP_s", "TFLOP/s"),
-                   ("of_peak", "of matmul peak"), ("intensity", "flop/byte"), ("bound", "bound by")]
+# The mixed step: one prompt prefilled beside many decodes, as continuous batching admits requests.
+MIXED_CHUNK, MIXED_DECODES = 512, 63
+PREFILL_COLUMNS = [("mode", "mode"), ("tokens", "prompt tokens"), ("ms", "ms (time to first token)"),
+                   ("TFLOP_s", "TFLOP/s"), ("of_peak", "of matmul peak"), ("intensity", "flop/byte"),
+                   ("bound", "bound by")]
 
 
 def weight_bytes(model: torch.nn.Module) -> tuple[int, int]:
@@ -157,6 +160,22 @@ def _prefill_seconds(llm: LLM, tokens: int) -> float:
     return sorted(times)[1]
 
 
+def _mixed_step_seconds(llm: LLM, decodes: int, chunk: int, context: int, repeats: int = 5) -> float:
+    """Median seconds of a step that prefills a `chunk`-token prompt beside `decodes` sequences' decodes
+    (what continuous batching runs at each admission)."""
+    times = []
+    with decoding(llm, decodes, context, repeats + 2) as engine:
+        params = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)  # done in the step that prefills it
+        for i in range(repeats):
+            engine.add_request(f"mixed-{i}", _random_prompt(engine.model_config.vocab_size, chunk, 100 + i), params)
+            if engine.device.type == "cuda":
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            engine.step()
+            times.append(time.perf_counter() - start)
+    return sorted(times)[len(times) // 2]
+
+
 def _roofline(row: dict, moved: float, flops: float, seconds: float, ridge: float, copy_bw: float) -> dict:
     row.update(GB_per_step=moved / 1e9, GB_s=moved / seconds / 1e9, of_copy_bw=moved / seconds / copy_bw,
                TFLOP_s=flops / seconds / 1e12, intensity=flops / moved,
@@ -166,18 +185,20 @@ def _roofline(row: dict, moved: float, flops: float, seconds: float, ridge: floa
 
 def bench_decode(model: str, batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256), context: int = 512,
                  steps: int = 10, prefill_lens: tuple[int, ...] = (128, 512, 2048, 8192), device: str | None = None,
-                 dtype: str = "auto") -> tuple[list[dict], list[dict], dict]:
+                 dtype: str = "auto", mixed: bool = True) -> tuple[list[dict], list[dict], dict]:
     """Decode at each batch size (contexts of `context` tokens), eagerly and (CUDA) with graphs;
-    prefill of one prompt of each length. Random token ids: the shapes are what matter."""
+    mixed: a step of a 512-token prompt beside 63 decodes, likewise; prefill of one prompt of each
+    length, likewise. Random token ids: the shapes are what matter."""
     common = dict(device=device, dtype=dtype, skip_tokenizer_init=True, enable_prefix_caching=False)
-    blocks_per_seq = -(-(context + steps + 16) // 16)
+    blocks_per_seq = -(-(max(context, MIXED_CHUNK) + steps + 16) // 16)
     decode_rows = []
+    mixed_ms: dict[str, float] = {}
     for mode in ("eager", "graphs"):
         llm = LLM(model, **common, max_num_seqs=max(batches), num_kv_blocks=max(batches) * blocks_per_seq,
-                  max_model_len=context + steps + 16, enforce_eager=mode == "eager")
+                  max_model_len=max(context, MIXED_CHUNK) + steps + 16, enforce_eager=mode == "eager")
         engine = llm.llm_engine
         dev, config, torch_dtype = engine.device, engine.model_config, engine.dtype
-        if mode == "graphs" and engine.model_runner.decode_graphs is None:
+        if mode == "graphs" and engine.model_runner.cuda_graphs is None:
             break  # no Triton here: eager is all there is
         if mode == "eager":
             read_bytes, _ = weight_bytes(engine.model)
@@ -191,21 +212,26 @@ def bench_decode(model: str, batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64,
             flops = batch * step_flops(config, 1, context + steps // 2)
             decode_rows.append(_roofline({"mode": mode, "batch": batch, "step_ms": seconds * 1e3,
                                           "tokens_per_s": batch / seconds}, moved, flops, seconds, ridge, copy_bw))
+        if mixed and max(batches) > MIXED_DECODES:
+            mixed_ms[mode] = _mixed_step_seconds(llm, MIXED_DECODES, MIXED_CHUNK, context) * 1e3
         del llm, engine
         gc.collect()
         if dev.type != "cuda":
             break  # CUDA graphs are for CUDA devices
 
     prefill_rows = []
-    if prefill_lens:
+    for mode in ("eager", "graphs") if prefill_lens else ():
         longest = max(prefill_lens)
         llm = LLM(model, **common, max_num_seqs=1, max_num_batched_tokens=longest, max_model_len=longest + 1,
-                  num_kv_blocks=-(-longest // 16) + 1, enforce_eager=True)
+                  num_kv_blocks=-(-longest // 16) + 1, enforce_eager=mode == "eager")
+        if mode == "graphs" and llm.llm_engine.model_runner.cuda_graphs is None:
+            break
         for tokens in prefill_lens:
             seconds = _prefill_seconds(llm, tokens)
             moved = read_bytes + tokens * kv_token
             flops = step_flops(config, tokens, 0)
-            row = _roofline({"tokens": tokens, "ms": seconds * 1e3}, moved, flops, seconds, ridge, copy_bw)
+            row = _roofline({"mode": mode, "tokens": tokens, "ms": seconds * 1e3}, moved, flops, seconds, ridge,
+                            copy_bw)
             row["of_peak"] = row["TFLOP_s"] * 1e12 / peak
             prefill_rows.append(row)
         del llm
@@ -222,6 +248,7 @@ def bench_decode(model: str, batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64,
                "graphs_speedup_at_batch1": (at("eager", 1, "step_ms") / at("graphs", 1, "step_ms")
                                             if best == "graphs" and 1 in batches else None),
                "first_compute_bound_batch": next((r["batch"] for r in decode_rows
-                                                  if r["mode"] == best and r["bound"] == "compute"), None)}
+                                                  if r["mode"] == best and r["bound"] == "compute"), None),
+               f"mixed_step_ms ({MIXED_CHUNK}-token prompt + {MIXED_DECODES} decodes)": mixed_ms}
     return decode_rows, prefill_rows, summary
 

@@ -48,6 +48,11 @@ def _field(key: str, **match) -> Callable[[dict], float | None]:
     return lambda payload: (_row(payload, **match) or {}).get(key)
 
 
+def _prefill_ms(tokens: int) -> Callable[[dict], float | None]:
+    """The prefill step's time, graphed where the run had graphs."""
+    return lambda payload: (_row(payload, tokens=tokens, mode="graphs") or _row(payload, tokens=tokens) or {}).get("ms")
+
+
 def _cost_model_error(payload: dict) -> float | None:
     best = _key(payload, "best_k", "draft_model temp=0.0 batch=1")
     if not best or not best.get("predicted_speedup"):
@@ -68,7 +73,7 @@ TARGETS = [
            _field("per_layer", kernel="triton"), 10, at_most=True),
     Target("launches per decoder layer per decode step, 1.1B, Triton", "kernels-1b",
            _field("per_layer", kernel="triton"), 10, at_most=True),
-    Target("prefill step of a 2,048-token prompt, 1.1B (ms)", "decode", _field("ms", tokens=2048), 12, at_most=True),
+    Target("prefill step of a 2,048-token prompt, 1.1B (ms)", "decode", _prefill_ms(2048), 12, at_most=True),
     Target("Triton prefill attention against SDPA at 2,048 tokens (speed ratio)", "attention",
            _field("speed_vs_sdpa", tokens=2048), 0.8),
     Target("Triton prefill attention against SDPA at 4,096 tokens (speed ratio)", "attention",

@@ -1,4 +1,4 @@
-"""The step's token ids and positions on the device, allocated once at start.
+"""The step's token ids, positions and the rows that get logits, on the device, allocated once at start.
 
 Every step writes its inputs into the front rows of these tensors instead of allocating new ones
 (utils/staging.py): their addresses never change, which is what lets a CUDA graph captured at
@@ -15,3 +15,4 @@ class InputBuffers:
     def __init__(self, max_num_tokens: int, device: torch.device) -> None:
         self.input_ids = torch.zeros(max_num_tokens, dtype=torch.long, device=device)
         self.positions = torch.zeros(max_num_tokens, dtype=torch.long, device=device)
+        self.logits_indices = torch.zeros(max_num_tokens, dtype=torch.long, device=device)

@@ -73,11 +73,11 @@ class LLMEngine:
                                 spec.num_speculative_tokens)
         self.spec_decoding_stats = AcceptanceCounts(spec.num_speculative_tokens) if spec else None
         self.counters = EngineCounters()
-        # Decode steps replay CUDA graphs, as in vLLM, where the step is made of Triton kernels on a GPU
-        # and the attention backend can be captured.
+        # Steps replay CUDA graphs, as in vLLM, where they are made of Triton kernels on a GPU and the
+        # attention backend can be captured.
         if (not config.device.enforce_eager and self.device.type == "cuda" and self.ops.kernel == "triton"
                 and runner.attn_backend.supports_cuda_graphs):
-            self.model_runner.capture_decode_graphs()
+            self.model_runner.capture_cuda_graphs()
         self.output_processor = OutputProcessor(self.tokenizer)
         self.scheduler = Scheduler(config.scheduler, kv)
         self.step_listeners: list[Callable[[StepEvent], None]] = []  # see engine/trace.py

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 
 import torch
 
-from minillm.attention import AttentionBackend, AttentionMetadata
+from minillm.attention import AttentionBackend, AttentionMetadata, BatchDescriptor
+from minillm.engine.cuda_graph import CudaGraphs
 from minillm.engine.input_buffers import InputBuffers
 from minillm.models.interface import CausalLM
 from minillm.sequence import Sequence
@@ -21,10 +22,11 @@ class ModelInput:
     input_ids: torch.Tensor  # [tokens]: views of the runner's buffers
     positions: torch.Tensor
     metadata: AttentionMetadata
-    # Rows of the model's output that get logits, each sequence's in order; and how many each has.
-    logits_indices: list[int]
+    # Rows of the model's output that get logits, each sequence's in order (a view of the buffers'
+    # logits_indices); and how many each sequence has.
+    logits_indices: torch.Tensor
     num_logits: list[int]
-    graph_size: int | None = None  # a decode step replayed by the graph of this many rows
+    batch: BatchDescriptor | None = None  # the padded shape of a CUDA graph's step, if one replays it
 
     @property
     def num_seqs(self) -> int:
@@ -33,22 +35,35 @@ class ModelInput:
 
 def build_model_input(seqs: list[Sequence], start_pos: list[int], token_ids: list[list[int]],
                       num_logits: list[int], attn_backend: AttentionBackend, buffers: InputBuffers,
-                      graph_size: int | None = None) -> ModelInput:
+                      batch: BatchDescriptor | None = None) -> ModelInput:
     """Sequence i feeds token_ids[i] at positions start_pos[i], ...; logits at its last num_logits[i]
-    positions. Rows past the batch up to graph_size are padding that reads and writes nothing."""
+    positions. With `batch`, padded to that shape: rows past the batch read and write nothing."""
     input_ids = [t for ids in token_ids for t in ids]
     positions = [p for start, ids in zip(start_pos, token_ids) for p in range(start, start + len(ids))]
-    metadata = attn_backend.build_metadata(seqs, start_pos, [len(ids) for ids in token_ids], graph_size)
+    metadata = attn_backend.build_metadata(seqs, start_pos, [len(ids) for ids in token_ids], batch)
     ends = metadata.query_start_loc[1:]
     logits_indices = [i for end, k in zip(ends, num_logits) for i in range(end - k, end)]
-    return ModelInput(stage(buffers.input_ids, input_ids, graph_size), stage(buffers.positions, positions, graph_size),
-                      metadata, logits_indices, list(num_logits), graph_size)
+    rows = None if batch is None else batch.num_tokens
+    indices = stage(buffers.logits_indices, logits_indices, None if batch is None else batch.num_logits)
+    return ModelInput(stage(buffers.input_ids, input_ids, rows), stage(buffers.positions, positions, rows),
+                      metadata, indices[:len(logits_indices)], list(num_logits), batch)
 
 
 def compute_logits(model: CausalLM, attn_backend: AttentionBackend, model_input: ModelInput) -> torch.Tensor | None:
     """The model, eagerly, on model_input: logits [rows, vocab] at its logits_indices (None if none)."""
     hidden = model(model_input.input_ids, model_input.positions,
                    functools.partial(attn_backend.forward, metadata=model_input.metadata))
-    if not model_input.logits_indices:
+    if not sum(model_input.num_logits):
         return None
-    return model.compute_logits(hidden[torch.tensor(model_input.logits_indices, device=hidden.device)])
+    return model.compute_logits(hidden[model_input.logits_indices])
+
+
+def execute_model_input(model: CausalLM, attn_backend: AttentionBackend, model_input: ModelInput,
+                        graphs: CudaGraphs | None) -> torch.Tensor | None:
+    """Logits [rows, vocab] at model_input.logits_indices (None if none): replayed by `graphs` where
+    the input was padded for one of them, else eagerly."""
+    if model_input.batch is None:
+        return compute_logits(model, attn_backend, model_input)
+    logits = graphs.run(model_input.batch)
+    rows = len(model_input.logits_indices)
+    return logits[:rows] if rows else None

@@ -1,15 +1,14 @@
 """Runs one scheduled step in three parts: `prepare` flattens the batch into the runner's persistent
 input buffers (and has the attention backend build its metadata in its own), `execute` runs the
 model and computes logits where tokens are due, `sample` turns
-them into tokens, a list for each sequence. Pure decode steps replay CUDA graphs where they were
-captured (cuda_graph.py).
+them into tokens, a list for each sequence. Steps replay CUDA graphs where they were captured
+(cuda_graph.py), the draft model's too.
 
 With speculative decoding a proposer drafts tokens for the decodes first (spec_decode/), the target
 computes logits at each of them and the rejection sampler keeps what it agrees with."""
 
 from __future__ import annotations
 
-import bisect
 import functools
 
 import torch
@@ -17,9 +16,9 @@ import torch
 from minillm.attention import NoCacheAttention
 from minillm.attention.selector import create_attention_backend
 from minillm.config.engine import SchedulerConfig
-from minillm.engine.cuda_graph import DecodeGraphs, capture_sizes
+from minillm.engine.cuda_graph import CudaGraphs
 from minillm.engine.input_buffers import InputBuffers
-from minillm.engine.model_input import ModelInput, build_model_input, compute_logits
+from minillm.engine.model_input import ModelInput, build_model_input, execute_model_input
 from minillm.engine.runner_output import ModelRunnerOutput
 from minillm.engine.scheduler import ScheduledBatch
 from minillm.kv.cache_manager import KVCacheManager
@@ -46,7 +45,7 @@ class ModelRunner:
         self.attn_backend = create_attention_backend(kv_cache_manager, model.ops, model.config.head_dim,
                                                      self.max_num_tokens, config.max_num_seqs, max_model_len)
         self.buffers = InputBuffers(self.max_num_tokens, device)
-        self.decode_graphs: DecodeGraphs | None = None
+        self.cuda_graphs: CudaGraphs | None = None
         self.proposer: Proposer | None = None
         self.rejection_sampler: RejectionSampler | None = None
 
@@ -54,13 +53,20 @@ class ModelRunner:
         self.proposer = proposer
         self.rejection_sampler = RejectionSampler(self.sampler.generator, num_speculative_tokens)
 
-    def capture_decode_graphs(self, capture: bool = True) -> None:
-        """Run pure decode steps through CUDA graphs (cuda_graph.py); capture=False runs the same
-        padded path eagerly, for tests on a CPU."""
+    def capture_cuda_graphs(self, capture: bool = True) -> None:
+        """Run every step that fits through CUDA graphs (cuda_graph.py), the draft model's too;
+        capture=False runs the same padded path eagerly, for tests on a CPU."""
         if not self.attn_backend.supports_cuda_graphs:
             raise ValueError(f"the {self.attn_backend.name!r} attention backend cannot be captured as a CUDA graph: "
                              "its steps run eagerly")
-        self.decode_graphs = DecodeGraphs(self._decode_forward, capture_sizes(self.max_num_seqs), capture)
+        # Logits at each sequence's last token and at each of its drafts.
+        drafts = self.rejection_sampler.k if self.rejection_sampler else 0
+        self.cuda_graphs = CudaGraphs(self.model, self.attn_backend, self.buffers, self.max_num_seqs,
+                                      self.max_num_tokens, self.max_num_seqs * (1 + drafts), capture, "target model")
+        # Only a proposer that runs a model has graphs to capture (the n-gram one runs none).
+        capture_draft = getattr(self.proposer, "capture_cuda_graphs", None)
+        if capture_draft is not None:
+            capture_draft(self.max_num_seqs, self.max_num_tokens, capture)
 
     @torch.inference_mode()
     def execute_model(self, batch: ScheduledBatch) -> ModelRunnerOutput:
@@ -87,14 +93,13 @@ class ModelRunner:
                      in zip(batch.seqs, starts, batch.num_new_tokens, batch.num_spec_tokens, spec)]
         # Logits at each sampling sequence's last position, and at each of its drafts.
         num_logits = [len(drafts) + 1 if sample else 0 for sample, drafts in zip(batch.do_sample, spec)]
-        return build_model_input(batch.seqs, starts, token_ids, num_logits, self.attn_backend, self.buffers,
-                                 self._graph_size(batch))
+        graph = None if self.cuda_graphs is None else self.cuda_graphs.descriptor([len(ids) for ids in token_ids],
+                                                                                  num_logits)
+        return build_model_input(batch.seqs, starts, token_ids, num_logits, self.attn_backend, self.buffers, graph)
 
     def execute(self, model_input: ModelInput) -> torch.Tensor | None:
         """Logits [rows, vocab] at model_input.logits_indices; None if the step samples nothing."""
-        if model_input.graph_size is not None:
-            return self.decode_graphs.run(model_input.graph_size)[:model_input.num_seqs]
-        return compute_logits(self.model, self.attn_backend, model_input)
+        return execute_model_input(self.model, self.attn_backend, model_input, self.cuda_graphs)
 
     def sample(self, logits: torch.Tensor | None, seqs: list[Sequence], model_input: ModelInput) -> ModelRunnerOutput:
         if logits is None:
@@ -106,22 +111,6 @@ class ModelRunner:
             tokens.append(sampled.token_ids[row:row + k])
             row += k
         return ModelRunnerOutput(tokens, sampled)
-
-    def _graph_size(self, batch: ScheduledBatch) -> int | None:
-        """The decode graph a step replays: one token per sequence, each sampled, and few enough."""
-        graphs = self.decode_graphs
-        n = len(batch.seqs)
-        if graphs is None or n > graphs.sizes[-1] or not all(batch.do_sample) or any(
-                k != 1 for k in batch.num_new_tokens):
-            return None
-        return graphs.sizes[bisect.bisect_left(graphs.sizes, n)]
-
-    def _decode_forward(self, num_rows: int) -> torch.Tensor:
-        """The model on the first num_rows rows of the buffers, as a pure decode step: logits for each."""
-        metadata = self.attn_backend.decode_graph_metadata(num_rows)
-        hidden = self.model(self.buffers.input_ids[:num_rows], self.buffers.positions[:num_rows],
-                            functools.partial(self.attn_backend.forward, metadata=metadata))
-        return self.model.compute_logits(hidden)
 
 
 @torch.inference_mode()

@@ -75,7 +75,7 @@ def _swapped(owner: object, attr: str, value: Any) -> Iterator[None]:
 def _generate(llm: LLM) -> list[RequestOutput]:
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=1)
     # Eager steps only: a CUDA graph replays the kernels it recorded, not the function swapped in.
-    with _swapped(llm.llm_engine.model_runner, "decode_graphs", None):
+    with _swapped(llm.llm_engine.model_runner, "cuda_graphs", None):
         return llm.generate(list(PROMPTS), params, use_tqdm=False)
 
 

@@ -129,6 +129,8 @@ def engine_launches(target: GPUSpec, everything: bool) -> dict[Launch, object]:
             q = torch.randn(130, 8, head_dim).to(dtype)
             cu = torch.tensor([0, 100, 130], dtype=torch.int32)
             paged_prefill_attention(q, k_cache, v_cache, cu, lens, tables, 0.1, max_query_len=100, **scales)
+            # Decode and verification rows (a CUDA graph of a speculative step): smaller tiles.
+            paged_prefill_attention(q[:10], k_cache, v_cache, cu // 20, lens, tables, 0.1, max_query_len=5, **scales)
             paged_decode_attention(q[:2], k_cache, v_cache, tables, lens, 0.1, max_seq_len=4096, **scales)
             store_kvcache(q[:3, :2], q[:3, :2], k_cache, v_cache, torch.tensor([1, 2, 3], dtype=torch.int32),
                           **scales)
@@ -154,7 +156,7 @@ def engine_launches(target: GPUSpec, everything: bool) -> dict[Launch, object]:
 
 # The kernels whose tiles live in shared memory; the others (KV store, split-K and split-KV
 # reductions, the single-row gemv) use a few hundred bytes of it at most.
-TILED_KERNELS = ("_prefill_kernel", "_decode_partition_kernel", "_gemv_kernel", "_gemm_kernel")
+TILED_KERNELS = ("_ragged_attention_kernel", "_decode_partition_kernel", "_gemv_kernel", "_gemm_kernel")
 
 
 def compile_launch(fn, launch: Launch, target: GPUSpec) -> Compiled:

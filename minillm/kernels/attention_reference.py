@@ -146,12 +146,17 @@ def paged_prefill_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache:
                                 max_query_len: int | None = None, *, k_scales: torch.Tensor | None = None,
                                 v_scales: torch.Tensor | None = None) -> torch.Tensor:
     """A ragged batch: sequence i's queries are q[cu_seqlens_q[i]:cu_seqlens_q[i+1]], its last
-    tokens; they attend causally to its cached prefix and to each other, all read from the pool.
+    tokens; they attend causally to its cached prefix and to each other, all read from the pool. A
+    sequence may bring any number of queries: a prompt chunk, a decode's one, a verification's 1 + k.
+    One with no keys (seq_lens 0: a CUDA graph's padding) gets zeros.
     q: [total_tokens, heads, head_dim] -> same shape."""
     out = torch.empty_like(q)
     bounds = cu_seqlens_q.tolist()
     for i, length in enumerate(seq_lens.tolist()):
         s, e = bounds[i], bounds[i + 1]
+        if length == 0:
+            out[s:e] = 0
+            continue
         k = gather_kv(k_cache, block_tables[i], length, k_scales, q.dtype)
         v = gather_kv(v_cache, block_tables[i], length, v_scales, q.dtype)
         out[s:e] = attend(q[s:e], k, v, q_start=length - (e - s), scale=scale)

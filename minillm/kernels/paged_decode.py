@@ -23,7 +23,7 @@ import triton.language as tl
 
 from minillm.kernels import check_kv_layout, dot_precision
 from minillm.kernels.targets import GPUSpec, first_fitting, launch_target, shared_bytes_bound
-from minillm.kernels.tiles import load_kv_tile, online_softmax_step
+from minillm.kernels.tiles import LOG2E, load_kv_tile, online_softmax_step
 
 
 # Sizes that change from step to step are not specialized on (Triton otherwise compiles a variant for
@@ -63,12 +63,13 @@ def _decode_partition_kernel(
         k, v = load_kv_tile(k_cache_ptr, v_cache_ptr, block_tables_ptr + seq * stride_table_seq, pos, mask_t,
                             kv_head, offs_d, mask_d, stride_cache_block, stride_cache_slot, stride_cache_head,
                             BLOCK_SIZE, k_scales_ptr, v_scales_ptr)
-        m, denom, acc = online_softmax_step(q, k, v, mask_t[None, :], m, denom, acc, scale, PRECISION)
+        m, denom, acc = online_softmax_step(q, k, v, mask_t[None, :], m, denom, acc, scale * LOG2E, PRECISION)
 
     # A partition past the end of a short sequence saw no key: it reports lse = -inf and weighs nothing.
+    # m is in base 2 (tiles.online_softmax_step); lse goes out in base e, as the reference's.
     has_keys = denom > 0
     out = acc / tl.where(has_keys, denom, 1.0)[:, None]
-    lse = tl.where(has_keys, m + tl.log(tl.where(has_keys, denom, 1.0)), float("-inf"))
+    lse = tl.where(has_keys, (m + tl.log2(tl.where(has_keys, denom, 1.0))) / LOG2E, float("-inf"))
     tl.store(out_ptr + seq * stride_out_seq + heads[:, None] * stride_out_head + part * stride_out_part
              + offs_d[None, :], out, mask=mask_g[:, None] & mask_d[None, :])
     tl.store(lse_ptr + seq * stride_lse_seq + heads * stride_lse_head + part, lse, mask=mask_g)

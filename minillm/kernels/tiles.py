@@ -28,21 +28,28 @@ def load_kv_tile(k_cache_ptr, v_cache_ptr, table_ptr, pos, mask, kv_head, offs_d
     return k, v
 
 
+# exp(x) = 2 ** (x * log2(e)): the kernels multiply the scores by scale * LOG2E once and use exp2,
+# which the GPU computes in one instruction (exp is exp2 after a multiply). A constexpr, so that
+# kernels may read it (Triton lets them read no other global).
+LOG2E = tl.constexpr(1.4426950408889634)
+
+
 @triton.jit
-def online_softmax_step(q, k, v, visible, m, denom, acc, scale, PRECISION: tl.constexpr):
+def online_softmax_step(q, k, v, visible, m, denom, acc, scale_log2, PRECISION: tl.constexpr):
     """Attend rows of q to one tile of keys without ever holding all the scores: m is each row's
-    running max, denom its running sum of exp(score - m), acc its running weighted sum of values.
-    A new max rescales what was summed before by exp(old max - new max). K and V are taken in q's
-    dtype (a dequantized int8 tile comes in fp32). visible=None: every key of the tile is visible
-    to every query, and no mask is applied."""
+    running max, denom its running sum of 2 ** (score - m), acc its running weighted sum of values,
+    the scores being q.k * scale_log2 (the softmax scale times LOG2E: base 2 throughout). A new max
+    rescales what was summed before by 2 ** (old max - new max). K and V are taken in q's dtype (a
+    dequantized int8 tile comes in fp32). visible=None: every key of the tile is visible to every
+    query, and no mask is applied."""
     k = k.to(q.dtype)
     v = v.to(q.dtype)
-    scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
+    scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2
     if visible is not None:
         scores = tl.where(visible, scores, float("-inf"))
     m_new = tl.maximum(m, tl.max(scores, 1))
-    p = tl.exp(scores - m_new[:, None])
-    alpha = tl.exp(m - m_new)
+    p = tl.exp2(scores - m_new[:, None])
+    alpha = tl.exp2(m - m_new)
     denom = denom * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
     return m_new, denom, acc

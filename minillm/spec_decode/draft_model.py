@@ -11,6 +11,9 @@ having computed only the tokens the target kept, so they are overwritten before 
 A new sequence's draft starts from its first token even when the target found its prompt in the
 prefix cache: the draft's K/V for a cached block may be missing its last token, which the draft
 never fed when it was proposed last.
+
+On a GPU the draft's steps replay CUDA graphs of their own, over the draft's model and pool: the
+catch-up step is ragged, each later one a uniform decode (engine/cuda_graph.py).
 """
 
 from __future__ import annotations
@@ -18,8 +21,9 @@ from __future__ import annotations
 import torch
 
 from minillm.attention.paged import PagedAttention
+from minillm.engine.cuda_graph import CudaGraphs
 from minillm.engine.input_buffers import InputBuffers
-from minillm.engine.model_input import build_model_input, compute_logits
+from minillm.engine.model_input import build_model_input, execute_model_input
 from minillm.models.interface import CausalLM
 from minillm.sample.sampler import SamplingMetadata, ban_tokens, per_row_random, sampling_probs
 from minillm.sequence import Sequence
@@ -36,6 +40,12 @@ class DraftModelProposer:
         self.attn_backend = attn_backend
         self.buffers = buffers
         self.generator = generator
+        self.cuda_graphs: CudaGraphs | None = None
+
+    def capture_cuda_graphs(self, max_num_seqs: int, max_num_tokens: int, capture: bool = True) -> None:
+        """The draft's steps through CUDA graphs (capture=False: the same padded path, eagerly)."""
+        self.cuda_graphs = CudaGraphs(self.model, self.attn_backend, self.buffers, max_num_seqs, max_num_tokens,
+                                      max_num_seqs, capture, "draft model")
 
     @torch.inference_mode()
     def propose(self, seqs: list[Sequence], num_tokens: list[int]) -> Proposal:
@@ -51,8 +61,11 @@ class DraftModelProposer:
             else:
                 starts = [s.num_draft_computed_tokens for s in batch]
                 feed = [[drafts[i][-1]] for i in active]
-            model_input = build_model_input(batch, starts, feed, [1] * len(batch), self.attn_backend, self.buffers)
-            logits = compute_logits(self.model, self.attn_backend, model_input)
+            num_logits = [1] * len(batch)
+            graph = None if self.cuda_graphs is None else self.cuda_graphs.descriptor([len(ids) for ids in feed],
+                                                                                      num_logits)
+            model_input = build_model_input(batch, starts, feed, num_logits, self.attn_backend, self.buffers, graph)
+            logits = execute_model_input(self.model, self.attn_backend, model_input, self.cuda_graphs)
             for s, start, ids in zip(batch, starts, feed):
                 s.num_draft_computed_tokens = start + len(ids)
             tokens, q = self._sample(logits, batch, j)

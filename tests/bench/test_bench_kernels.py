@@ -65,8 +65,10 @@ def test_bench_kernels_prints_the_count_and_writes_it(tmp_path):
 
 def test_a_decoder_layer_is_at_most_ten_launches_with_the_triton_kernels():
     """The fused kernels' point: two norms with their residual adds, four matmuls, rotary embedding,
-    the KV store, attention and SiLU-and-mul. Counted under the CPU interpreter as on a GPU."""
-    llm = LLM("tiny", device="cpu", dtype="float32", skip_tokenizer_init=True, enforce_eager=True,
+    the KV store, attention and SiLU-and-mul. Counted on the GPU where there is one, else under the
+    CPU interpreter, which launches the same kernels."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    llm = LLM("tiny", device=device, dtype="float32", skip_tokenizer_init=True, enforce_eager=True,
               attention_backend="triton", enable_prefix_caching=False, max_num_seqs=1, max_model_len=128,
               num_kv_blocks=16)
     launches = count_step_launches(llm, batch=1, steps=1)

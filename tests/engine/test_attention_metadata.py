@@ -5,7 +5,7 @@ change, padded for a CUDA graph with rows that store nothing and attend to nothi
 from __future__ import annotations
 
 from minillm import LLM, SamplingParams
-from minillm.attention.base import query_start_loc
+from minillm.attention.base import BatchDescriptor, query_start_loc
 from minillm.attention.paged import PagedAttention
 from minillm.sequence import Sequence
 
@@ -22,19 +22,29 @@ def test_the_paged_backend_stages_slots_lengths_and_tables_in_its_own_tensors():
     a, b = Sequence("a", prompt_token_ids=range(6)), Sequence("b", prompt_token_ids=range(3))
     a.block_table, b.block_table = [7, 2], [5]
     # a decodes its 7th token (position 6, block 2 slot 2); b prefills 3 tokens from position 0.
-    metadata = backend.build_metadata([a, b], [6, 0], [1, 3], num_rows=6)
+    metadata = backend.build_metadata([a, b], [6, 0], [1, 3])
     assert metadata.query_start_loc == query_start_loc([1, 3]) == [0, 1, 4]
-    assert metadata.slot_mapping.tolist() == [2 * 4 + 2, 5 * 4, 5 * 4 + 1, 5 * 4 + 2, -1, -1]
-    assert metadata.seq_lens.tolist() == [7, 3, 0, 0, 0, 0]
+    assert metadata.slot_mapping.tolist() == [2 * 4 + 2, 5 * 4, 5 * 4 + 1, 5 * 4 + 2]
+    assert metadata.seq_lens.tolist() == [7, 3]
     assert metadata.block_tables.tolist() == [[7, 2], [5, 0]]
     assert metadata.cu_seqlens_q.tolist() == [0, 1, 4]
-    assert (metadata.num_decodes, metadata.max_query_len, metadata.max_seq_len) == (1, 3, 7)
+    assert (metadata.decode_only, metadata.max_query_len, metadata.max_seq_len) == (False, 3, 7)
     for staged, own in ((metadata.slot_mapping, backend.slot_mapping), (metadata.seq_lens, backend.seq_lens),
                         (metadata.block_tables, backend.block_tables)):
         assert staged.data_ptr() == own.data_ptr()  # a view, never a new tensor
-    graph = backend.decode_graph_metadata(4)
+
+    # Padded to a graph's 8 tokens and 4 sequence rows: the padding tokens store nothing and belong
+    # to the last sequence row, which has no keys; the rows between own nothing.
+    padded = backend.build_metadata([a, b], [6, 0], [1, 3], BatchDescriptor(8, 4, 4, uniform_decode=False))
+    assert padded.query_start_loc == [0, 1, 4]  # the batch's own, for the logits
+    assert padded.slot_mapping.tolist() == [10, 20, 21, 22, -1, -1, -1, -1]
+    assert padded.seq_lens.tolist() == [7, 3, 0, 0] and padded.cu_seqlens_q.tolist() == [0, 1, 4, 4, 8]
+    assert padded.block_tables.shape == (4, 64 // 4) and padded.block_tables[:2, :2].tolist() == [[7, 2], [5, 0]]
+    # Bounds of the shape, not of the batch: the same launch for every batch padded to it.
+    assert (padded.decode_only, padded.max_query_len, padded.max_seq_len) == (False, 8, engine.max_model_len)
+    graph = backend.graph_metadata(BatchDescriptor(4, 4, 4, uniform_decode=True))
     assert graph.slot_mapping.data_ptr() == backend.slot_mapping.data_ptr()
-    assert (graph.num_decodes, graph.max_seq_len) == (4, engine.max_model_len)
+    assert (graph.decode_only, graph.max_query_len, graph.max_seq_len) == (True, 1, engine.max_model_len)
 
 
 def test_contiguous_and_no_cache_backends_build_theirs():
@@ -53,10 +63,10 @@ def test_a_padded_step_gives_the_tokens_of_an_unpadded_one():
     prompts = [{"prompt_token_ids": list(range(3 + i, 12 + 2 * i))} for i in range(3)]
     plain = LLM("tiny", skip_tokenizer_init=True, dtype="float32").generate(prompts, params, use_tqdm=False)
     padded = LLM("tiny", skip_tokenizer_init=True, dtype="float32")
-    padded.llm_engine.model_runner.capture_decode_graphs(capture=False)
+    padded.llm_engine.model_runner.capture_cuda_graphs(capture=False)
     outs = padded.generate(prompts, params, use_tqdm=False)
     for a, b in zip(plain, outs):
         assert a.outputs[0].token_ids == b.outputs[0].token_ids
         for x, y in zip(a.outputs[0].logprobs, b.outputs[0].logprobs):
             assert x.keys() == y.keys() and all(abs(x[t].logprob - y[t].logprob) < 1e-5 for t in x)
-    assert padded.llm_engine.model_runner.decode_graphs is not None
+    assert padded.llm_engine.model_runner.cuda_graphs is not None

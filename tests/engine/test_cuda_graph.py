@@ -1,7 +1,8 @@
-"""The CUDA-graph decode path (cuda_graph.py) on the CPU: the same persistent buffers, filled by the
-same `ModelRunner.prepare`, and the same padding, run eagerly. A padded batch must generate what the
-unpadded one does, as batches shrink and stale rows are left in the buffers. Replayed graphs against
-eager steps are in test_gpu.py."""
+"""The CUDA-graph path (cuda_graph.py) on the CPU: the same persistent buffers, filled by the same
+`ModelRunner.prepare`, and the same padding, run eagerly. A padded step must generate what the
+unpadded one does, for every step shape (decodes, prompt chunks mixed with decodes, prefix-cache
+hits, preemption, speculative verification, a draft model's steps), as batches shrink and stale
+rows are left in the buffers. Replayed graphs against eager steps are in test_gpu.py."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ import pytest
 import torch
 
 from minillm import LLM, SamplingParams
-from minillm.engine.cuda_graph import capture_sizes
+from minillm.attention import BatchDescriptor
+from minillm.engine.cuda_graph import capture_sizes, token_capture_sizes
+from minillm.engine.trace import record
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # on a GPU, the same padded path, eagerly
 
@@ -25,6 +28,67 @@ def test_capture_sizes_up_to_256():
     assert sizes[:5] == [1, 2, 4, 8, 16] and sizes[-1] == 256 and len(sizes) == 20
 
 
+@pytest.mark.parametrize("max_num_tokens,sizes", [(4, [4]), (8, [8]), (100, [8, 16, 32, 64, 96, 100]),
+                                                  (2048, [8, 16, 32, 64, 96, 128, 192, 256, 384, 512, 768, 1024,
+                                                          1536, 2048])])
+def test_token_capture_sizes(max_num_tokens, sizes):
+    assert token_capture_sizes(max_num_tokens) == sizes
+
+
+def padded(llm: LLM) -> list[BatchDescriptor]:
+    """llm's steps, the draft model's too, padded as its CUDA graphs pad them and run eagerly; returns
+    the list that each padded step's shape is appended to."""
+    runner = llm.llm_engine.model_runner
+    runner.capture_cuda_graphs(capture=False)
+    shapes = []
+    for graphs in (runner.cuda_graphs, getattr(runner.proposer, "cuda_graphs", None)):
+        if graphs is not None:
+            graphs.run = lambda batch, run=graphs.run: shapes.append(batch) or run(batch)
+    return shapes
+
+
+def tokens_and_logprobs(outs):
+    return [(o.outputs[0].token_ids, [e[t].logprob for e, t in zip(o.outputs[0].logprobs, o.outputs[0].token_ids)])
+            for o in outs]
+
+
+# Each engine feature, on a budget that makes steps mix prompt chunks with decodes.
+FEATURES = {
+    "chunked": {},
+    "prefix cache": {"enable_prefix_caching": True},
+    "preemption": {"num_kv_blocks": 26, "block_size": 4},
+    "ngram": {"speculative_config": {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}},
+    "draft": {"speculative_config": {"model": "tiny-draft", "num_speculative_tokens": 3}},
+}
+
+
+# Triton (interpreted) on the case whose steps take every shape: chunks, decodes, verifications, drafts.
+@pytest.mark.parametrize("backend,feature", [("torch", f) for f in FEATURES] + [("triton", "draft")])
+def test_padded_steps_of_every_shape_generate_what_unpadded_ones_do(backend, feature):
+    if backend == "triton":
+        pytest.importorskip("triton")
+    # Prompts sharing a 12-token prefix, of 14 to 44 tokens: with 24 tokens a step, the long ones are
+    # prefilled in chunks beside the others' decodes.
+    count = 3 if backend == "triton" else 6
+    prompts = [{"prompt_token_ids": [5, 9, 2, 7] * 3 + list(range(30 + i, 32 + 6 * i))} for i in range(count)]
+    params = [SamplingParams(temperature=0, max_tokens=4 + 3 * i, ignore_eos=True, logprobs=1) for i in range(count)]
+    args = dict(skip_tokenizer_init=True, dtype="float32", device=DEVICE, attention_backend=backend, max_num_seqs=4,
+                max_num_batched_tokens=24, max_model_len=96, enforce_eager=True, enable_prefix_caching=False)
+    args.update(FEATURES[feature])
+    plain = tokens_and_logprobs(LLM("tiny", **args).generate(prompts, params, use_tqdm=False))
+    llm = LLM("tiny", **args)
+    shapes = padded(llm)
+    with record(llm) as trace:
+        got = tokens_and_logprobs(llm.generate(prompts, params, use_tqdm=False))
+    assert feature != "preemption" or any(event.preempted for event in trace.events)
+    for (tokens, logprobs), (ref_tokens, ref_logprobs) in zip(got, plain):
+        assert tokens == ref_tokens
+        assert logprobs == pytest.approx(ref_logprobs, abs=1e-5)
+    assert any(b.uniform_decode for b in shapes) and any(not b.uniform_decode for b in shapes), shapes
+    blocks = llm.llm_engine.block_manager
+    assert blocks.num_free_blocks == blocks.num_blocks, "KV blocks leaked"
+
+
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 def test_padded_decode_generates_what_eager_steps_do(hf_checkpoint, backend):
     _, path = hf_checkpoint("llama_gqa_tied")
@@ -38,16 +102,15 @@ def test_padded_decode_generates_what_eager_steps_do(hf_checkpoint, backend):
                   max_num_seqs=8, enforce_eager=True)
         runner = llm.llm_engine.model_runner
         if padded:
-            runner.capture_decode_graphs(capture=False)
+            runner.capture_cuda_graphs(capture=False)
             steps = []
             execute = runner.execute
-            runner.execute = lambda model_input: steps.append((model_input.num_seqs, model_input.graph_size)) or \
+            runner.execute = lambda model_input: steps.append((model_input.num_seqs, model_input.batch)) or \
                 execute(model_input)
         outs = llm.generate(prompts, params, use_tqdm=False)
-        if padded:
-            assert any(size is not None and n < size for n, size in steps), steps  # padded batches did run
-        return [(o.outputs[0].token_ids, [e[t].logprob for e, t in zip(o.outputs[0].logprobs, o.outputs[0].token_ids)])
-                for o in outs]
+        if padded:  # padded decode batches did run
+            assert any(b is not None and b.uniform_decode and n < b.num_seqs for n, b in steps), steps
+        return tokens_and_logprobs(outs)
 
     eager, padded = generate(False), generate(True)
     for (tokens, logprobs), (tokens_padded, logprobs_padded) in zip(eager, padded):
@@ -61,8 +124,8 @@ def test_enforce_eager_is_validated():
 
 
 def test_no_graphs_on_a_cpu_or_when_eager():
-    assert LLM("tiny", device="cpu").llm_engine.model_runner.decode_graphs is None
-    assert LLM("tiny", device=DEVICE, enforce_eager=True).llm_engine.model_runner.decode_graphs is None
+    assert LLM("tiny", device="cpu").llm_engine.model_runner.cuda_graphs is None
+    assert LLM("tiny", device=DEVICE, enforce_eager=True).llm_engine.model_runner.cuda_graphs is None
 
 
 @pytest.mark.parametrize("kv_cache,capturable", [("paged", True), ("contiguous", False), ("none", False)])
@@ -73,10 +136,10 @@ def test_only_a_backend_that_declares_it_is_captured(kv_cache, capturable):
     runner = llm.llm_engine.model_runner
     assert runner.attn_backend.supports_cuda_graphs is capturable
     if capturable:
-        runner.capture_decode_graphs(capture=False)
+        runner.capture_cuda_graphs(capture=False)
     else:
-        assert runner.decode_graphs is None
+        assert runner.cuda_graphs is None
         with pytest.raises(ValueError, match=f"the '{kv_cache}' attention backend cannot be captured"):
-            runner.capture_decode_graphs(capture=False)
+            runner.capture_cuda_graphs(capture=False)
     out = llm.generate("def add(a, b):", SamplingParams(temperature=0, max_tokens=8))[0]
     assert len(out.outputs[0].token_ids) == 8

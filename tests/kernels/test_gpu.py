@@ -65,11 +65,12 @@ def test_cuda_graph_decode_matches_eager(hf_checkpoint, quantization):
     args = dict(skip_tokenizer_init=True, dtype="float32", device="cuda", max_num_seqs=8, quantization=quantization,
                 quant_group_size=32)
     graphed = LLM(str(path), **args)
-    graphs = graphed.llm_engine.model_runner.decode_graphs
-    assert sorted(graphs.graphs) == [1, 2, 4, 8] and graphs.capture_seconds > 0
-    graphs.graphs = {size: CountingGraph(g) for size, g in graphs.graphs.items()}
+    graphs = graphed.llm_engine.model_runner.cuda_graphs
+    assert sorted(b.num_seqs for b in graphs.graphs if b.uniform_decode) == [1, 2, 4, 8]
+    assert graphs.capture_seconds > 0
+    graphs.graphs = {batch: CountingGraph(g) for batch, g in graphs.graphs.items()}
     eager = LLM(str(path), enforce_eager=True, **args)
-    assert eager.llm_engine.model_runner.decode_graphs is None
+    assert eager.llm_engine.model_runner.cuda_graphs is None
 
     def run(llm):
         outs = llm.generate(prompts, params, use_tqdm=False)
@@ -79,4 +80,5 @@ def test_cuda_graph_decode_matches_eager(hf_checkpoint, quantization):
     for (tokens, logprobs), (ref_tokens, ref_logprobs) in zip(run(graphed), run(eager)):
         assert tokens == ref_tokens
         assert logprobs == pytest.approx(ref_logprobs, abs=1e-3)
-    assert sum(g.replays for g in graphs.graphs.values()) >= 20
+    assert sum(g.replays for b, g in graphs.graphs.items() if b.uniform_decode) >= 20
+    assert sum(g.replays for b, g in graphs.graphs.items() if not b.uniform_decode) >= 1  # the prefill
