@@ -120,16 +120,17 @@ wheels_for() {
 }
 
 step 1 env 10 bash -c "nvidia-smi; $PY -m minillm.cli env"
-# A 1.1B Llama (TinyLlama's shape) with random weights, written while the first steps run: the text
-# does not matter, the shapes do.
-if [ $DRY = 0 ]; then
+# A 1.1B Llama (TinyLlama's shape) with random weights, written while the first steps run (unless a
+# run before this one on the machine wrote it, its tokenizer last): the text does not matter, the shapes do.
+MODEL_PID=
+if [ $DRY = 0 ] && [ ! -f "$MODEL_DIR/tokenizer.json" ]; then
     $PY scripts/random_llama.py "$MODEL_DIR" --hidden 2048 --layers 22 --heads 32 --kv-heads 4 \
         --intermediate 5632 --vocab 32000 >"$OUTDIR/model.log" 2>&1 &
     MODEL_PID=$!
 fi
 step 1 kernels 20 $PY -m minillm.cli bench kernels --models tiny --kernels torch triton --out "$OUTDIR/kernels.json"
 step 1 attention 12 $PY -m minillm.cli bench attention --out "$OUTDIR/attention.json"
-[ $DRY = 1 ] || wait $MODEL_PID || echo "writing the 1.1B model failed: model.log"
+[ -z "$MODEL_PID" ] || wait $MODEL_PID || echo "writing the 1.1B model failed: model.log"
 step 1 decode 40 bash -c "$PY -m minillm.cli bench decode --model $MODEL_DIR --dtype bfloat16 \
     --out $OUTDIR/decode.json && $PY -m minillm.cli bench kernels --models $MODEL_DIR --dtype bfloat16 \
     --out $OUTDIR/kernels-1b.json"
@@ -149,7 +150,7 @@ step 1 host 15 $PY -m minillm.cli bench step --device cuda --steps 30 --out "$OU
 # pytest-xdist, where it is installed, runs the GPU tests in parallel on the one GPU.
 XDIST=$($PY -c "import xdist" 2>/dev/null && echo "-n 6")
 TESTS="$PY -m pytest -q -p no:cacheprovider $XDIST --timeout=240 -rfE tests/kernels/test_gpu.py tests/kernels/test_kernels.py \
-    tests/kernels/test_quant_kernels.py tests/kernels/test_kv_int8.py tests/kernels/test_layer_kernels.py \
+    tests/kernels/test_quant_kernels.py tests/kernels/test_kv_int8.py tests/kernels/test_layer_kernels.py tests/kernels/test_ragged_attention.py \
     tests/model/test_hf_parity.py \
     tests/model/test_kernel_ops.py tests/engine/test_paged_engine.py tests/engine/test_cuda_graph.py \
     tests/engine/test_device.py tests/engine/test_spec_decode.py tests/bench/test_bench_decode.py \
