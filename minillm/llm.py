@@ -27,11 +27,13 @@ class LLM:
         half the bytes of fp16); weight-only quantization of the decoder's linear layers: quantization
         (None, "int8" or "int4") and quant_group_size (int4: 32, 64 or 128). A folder written by
         `minillm quantize` (models/quant_checkpoint.py) loads already quantized. enforce_eager: False (the
-        default) replays decode steps as CUDA graphs on a GPU with the Triton backend; True runs every
-        step eagerly, launch by launch (engine/cuda_graph.py). speculative_config: None, or vLLM's dict for
-        speculative decoding, {"model": "tiny-draft", "num_speculative_tokens": 4} (a draft model of
-        the same vocabulary) or {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4,
-        "prompt_lookup_min": 2} (drafts copied from the sequence itself); see spec_decode/."""
+        default) replays steps as CUDA graphs on a GPU with the Triton backend, of every shape or of
+        pure decodes alone (cudagraph_mode "FULL", the default, or "FULL_DECODE_ONLY"); True (or
+        cudagraph_mode "NONE") runs every step eagerly, launch by launch (engine/cuda_graph.py).
+        speculative_config: None, or vLLM's dict for speculative decoding, {"model": "tiny-draft",
+        "num_speculative_tokens": 4} (a draft model of the same vocabulary) or {"method": "ngram",
+        "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2} (drafts copied
+        from the sequence itself); see spec_decode/."""
         self.llm_engine = LLMEngine(model, **engine_args)
         self._request_ids = itertools.count()
 

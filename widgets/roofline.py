@@ -35,9 +35,9 @@ ALL = "all"
 ROOF_COLOR = "#444444"
 SPEC_COLOR = "#9aa5b1"
 SERIES_COLORS = {"decode": "#1f77b4", "decode, eager": "#1f77b4", "decode, graphs": "#2ca02c", "prefill": "#d62728",
-                 "kernels": "#9467bd"}
+                 "prefill, eager": "#d62728", "prefill, graphs": "#ff7f0e", "kernels": "#9467bd"}
 SERIES_SYMBOLS = {"decode": "circle", "decode, eager": "circle", "decode, graphs": "diamond", "prefill": "square",
-                  "kernels": "x"}
+                  "prefill, eager": "square", "prefill, graphs": "triangle-up", "kernels": "x"}
 
 
 @dataclass(frozen=True)
@@ -87,10 +87,12 @@ def roofline_points(decode_rows: Iterable[dict] = (), prefill_rows: Iterable[dic
                   f"{r['GB_s']:.3g} GB/s moved = {format_percent(r['of_copy_bw'])} of the copy bandwidth")
         points.append(RooflinePoint(series, str(r["batch"]), r["intensity"], r["TFLOP_s"] * 1e12,
                                     f"decode step, batch {r['batch']} ({r.get('mode', 'eager')})<br>{detail}"))
+    prefill_modes = list(dict.fromkeys(r.get("mode", "eager") for r in prefill_rows))
     for r in prefill_rows:
+        series = f"prefill, {r.get('mode', 'eager')}" if len(prefill_modes) > 1 else "prefill"
         detail = f"{r['ms']:.3g} ms = time to first token, {r['GB_s']:.3g} GB/s moved"
-        points.append(RooflinePoint("prefill", str(r["tokens"]), r["intensity"], r["TFLOP_s"] * 1e12,
-                                    f"prefill of {r['tokens']} tokens<br>{detail}"))
+        points.append(RooflinePoint(series, str(r["tokens"]), r["intensity"], r["TFLOP_s"] * 1e12,
+                                    f"prefill of {r['tokens']} tokens ({r.get('mode', 'eager')})<br>{detail}"))
     for r in kernels:
         extra = f"<br>{r['us']:.3g} µs per call" if "us" in r else ""
         points.append(RooflinePoint("kernels", r.get("short", r["label"]), r["intensity"], r["TFLOP_s"] * 1e12,
@@ -111,7 +113,8 @@ def check_show(show: str, points: Sequence[RooflinePoint]) -> None:
 def roofline_figure(decode_rows: Iterable[dict] = (), prefill_rows: Iterable[dict] = (), summary: dict | None = None,
                     *, kernels: Iterable[dict] = (), show: str = ALL, spec: PublishedSpec | None = None) -> go.Figure:
     """The roofs of `summary` and the points of the rows; `show`: "all" or one series name
-    ("decode" or "decode, eager" / "decode, graphs", "prefill", "kernels")."""
+    ("decode" or "decode, eager" / "decode, graphs", "prefill" or "prefill, eager" / "prefill, graphs",
+    "kernels")."""
     if summary is None:
         raise ValueError("summary is required: the roofs come from bench_decode's summary (copy_GB_s, matmul_TFLOP_s)")
     roofs = roofs_from_summary(summary)

@@ -212,7 +212,7 @@ def bench_decode(model: str, batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64,
             flops = batch * step_flops(config, 1, context + steps // 2)
             decode_rows.append(_roofline({"mode": mode, "batch": batch, "step_ms": seconds * 1e3,
                                           "tokens_per_s": batch / seconds}, moved, flops, seconds, ridge, copy_bw))
-        if mixed and max(batches) > MIXED_DECODES:
+        if mixed and dev.type == "cuda" and max(batches) > MIXED_DECODES:  # what graphs change: a GPU's figure
             mixed_ms[mode] = _mixed_step_seconds(llm, MIXED_DECODES, MIXED_CHUNK, context) * 1e3
         del llm, engine
         gc.collect()

@@ -25,6 +25,8 @@ KV_CACHE_DTYPES = ("auto", "int8")
 # The kernels a layer can run: the PyTorch references or Triton's (kernels/ops.py); "auto" picks per device.
 KERNELS = ("torch", "triton")
 KERNEL_CHOICES = ("auto", *KERNELS)
+# vLLM's names: graphs for every step shape, for pure decode steps only, or none.
+CUDAGRAPH_MODES = ("FULL", "FULL_DECODE_ONLY", "NONE")
 # Scheduling policies by name, vLLM's default among them (engine/policy.py implements them).
 SCHEDULING_POLICIES = ("fcfs",)
 
@@ -103,11 +105,13 @@ def _check_scheduling_policy(policy: Any) -> None:
 class DeviceConfig:
     device: str | torch.device | None = None  # None: CUDA, else MPS, else CPU
     attention_backend: str = "auto"  # the kernels: "torch", "triton", or "auto" (Triton on a CUDA GPU)
-    enforce_eager: bool = False  # True: no CUDA graphs for decode
+    enforce_eager: bool = False  # True: no CUDA graphs, whatever cudagraph_mode says
+    cudagraph_mode: str = "FULL"  # which steps replay CUDA graphs (engine/cuda_graph.py): CUDAGRAPH_MODES
 
     def __post_init__(self) -> None:
         check_choice("attention_backend", self.attention_backend, KERNEL_CHOICES)
         check_bool("enforce_eager", self.enforce_eager)
+        check_choice("cudagraph_mode", self.cudagraph_mode, CUDAGRAPH_MODES)
 
 
 @dataclass

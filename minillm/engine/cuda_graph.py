@@ -17,9 +17,10 @@ is captured for each of a few padded shapes (`BatchDescriptor`s, vLLM's scheme):
   sequence counts alone, with one sequence row per token (up to max_num_seqs) and one more, whose
   rows are padding; logits at up to max_num_logits rows.
 
-A step replays the smallest graph that holds it. Padding rows are harmless: slot -1 (their K and V
-are not stored) and no keys (they attend to nothing, and get zeros). A step too big for every
-graph runs eagerly.
+A step replays the smallest graph that holds it; a step too big for every graph runs eagerly.
+Padding rows are harmless: slot -1 (their K and V are not stored) and no keys (they attend to
+nothing, and get zeros). cudagraph_mode="FULL_DECODE_ONLY" captures the decode graphs alone, to
+measure what the others buy (chapter 08).
 
 Without `capture`, the same padded buffers run eagerly: that is how a CPU tests this path.
 """
@@ -91,15 +92,16 @@ def padded_forward(model: CausalLM, attn_backend: AttentionBackend, buffers: Inp
 
 class CudaGraphs:
     def __init__(self, model: CausalLM, attn_backend: AttentionBackend, buffers: InputBuffers, max_num_seqs: int,
-                 max_num_tokens: int, max_num_logits: int, capture: bool = True, name: str = "model") -> None:
+                 max_num_tokens: int, max_num_logits: int, capture: bool = True, decode_only: bool = False,
+                 name: str = "model") -> None:
         """Graphs of `model` over attn_backend and buffers: uniform decodes of up to max_num_seqs
-        sequences, other steps of up to max_num_tokens tokens with logits at up to max_num_logits
-        rows. capture=False runs the same padded shapes eagerly."""
+        sequences, other steps (unless decode_only) of up to max_num_tokens tokens with logits at up
+        to max_num_logits rows. capture=False runs the same padded shapes eagerly."""
         self.forward = functools.partial(padded_forward, model, attn_backend, buffers)
         self.max_num_seqs = max_num_seqs
         self.max_num_logits = max_num_logits
         self.decode_sizes = capture_sizes(max_num_seqs)
-        self.token_sizes = token_capture_sizes(max_num_tokens)
+        self.token_sizes = [] if decode_only else token_capture_sizes(max_num_tokens)
         self.graphs: dict[BatchDescriptor, torch.cuda.CUDAGraph] = {}
         self.logits: dict[BatchDescriptor, torch.Tensor] = {}
         self.capture_seconds = 0.0
@@ -114,7 +116,8 @@ class CudaGraphs:
         if all(n == 1 for n in query_lens) and all(k == 1 for k in num_logits) and num_seqs <= self.decode_sizes[-1]:
             size = self.decode_sizes[bisect.bisect_left(self.decode_sizes, num_seqs)]
             return BatchDescriptor(size, size, size, uniform_decode=True)
-        if num_tokens > self.token_sizes[-1] or logits > self.max_num_logits or num_seqs > self.max_num_seqs:
+        if (not self.token_sizes or num_tokens > self.token_sizes[-1] or logits > self.max_num_logits
+                or num_seqs > self.max_num_seqs):
             return None
         return self._ragged(self.token_sizes[bisect.bisect_left(self.token_sizes, num_tokens)])
 
@@ -133,6 +136,9 @@ class CudaGraphs:
     @torch.inference_mode()
     def _capture(self, name: str) -> None:
         # What the graphs' private memory pool reserves (their intermediate and output tensors).
+        # Capturing empties the allocator's cache, so it is emptied first: what an engine freed
+        # before must not count as the graphs' memory given back.
+        torch.cuda.empty_cache()
         start, reserved_before = time.perf_counter(), torch.cuda.memory_reserved()
         pool = None
         # Largest first: the smaller graphs then fit in the memory pool the largest one left.
@@ -145,8 +151,9 @@ class CudaGraphs:
         torch.cuda.synchronize()
         self.capture_seconds = time.perf_counter() - start
         self.memory_bytes = torch.cuda.memory_reserved() - reserved_before
+        others = (f"other steps of {self.token_sizes[0]} to {self.token_sizes[-1]} tokens ({len(self.token_sizes)} "
+                  "sizes)" if self.token_sizes else "no other steps (cudagraph_mode='FULL_DECODE_ONLY')")
         logger.info(f"captured CUDA graphs of the {name}: decode batches of {self.decode_sizes[0]} to "
-                    f"{self.decode_sizes[-1]} sequences ({len(self.decode_sizes)} sizes), other steps of "
-                    f"{self.token_sizes[0]} to {self.token_sizes[-1]} tokens ({len(self.token_sizes)} sizes), in "
+                    f"{self.decode_sizes[-1]} sequences ({len(self.decode_sizes)} sizes), {others}, in "
                     f"{self.capture_seconds:.1f} s, using {self.memory_bytes / 2**30:.2f} GiB; "
                     "enforce_eager=True turns them off")

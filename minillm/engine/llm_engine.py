@@ -75,9 +75,10 @@ class LLMEngine:
         self.counters = EngineCounters()
         # Steps replay CUDA graphs, as in vLLM, where they are made of Triton kernels on a GPU and the
         # attention backend can be captured.
-        if (not config.device.enforce_eager and self.device.type == "cuda" and self.ops.kernel == "triton"
+        mode = "NONE" if config.device.enforce_eager else config.device.cudagraph_mode
+        if (mode != "NONE" and self.device.type == "cuda" and self.ops.kernel == "triton"
                 and runner.attn_backend.supports_cuda_graphs):
-            self.model_runner.capture_cuda_graphs()
+            self.model_runner.capture_cuda_graphs(decode_only=mode == "FULL_DECODE_ONLY")
         self.output_processor = OutputProcessor(self.tokenizer)
         self.scheduler = Scheduler(config.scheduler, kv)
         self.step_listeners: list[Callable[[StepEvent], None]] = []  # see engine/trace.py

@@ -53,20 +53,22 @@ class ModelRunner:
         self.proposer = proposer
         self.rejection_sampler = RejectionSampler(self.sampler.generator, num_speculative_tokens)
 
-    def capture_cuda_graphs(self, capture: bool = True) -> None:
-        """Run every step that fits through CUDA graphs (cuda_graph.py), the draft model's too;
-        capture=False runs the same padded path eagerly, for tests on a CPU."""
+    def capture_cuda_graphs(self, capture: bool = True, decode_only: bool = False) -> None:
+        """Run every step that fits through CUDA graphs (cuda_graph.py), the draft model's too
+        (decode_only: pure decode steps alone); capture=False runs the same padded path eagerly, for
+        tests on a CPU."""
         if not self.attn_backend.supports_cuda_graphs:
             raise ValueError(f"the {self.attn_backend.name!r} attention backend cannot be captured as a CUDA graph: "
                              "its steps run eagerly")
         # Logits at each sequence's last token and at each of its drafts.
         drafts = self.rejection_sampler.k if self.rejection_sampler else 0
         self.cuda_graphs = CudaGraphs(self.model, self.attn_backend, self.buffers, self.max_num_seqs,
-                                      self.max_num_tokens, self.max_num_seqs * (1 + drafts), capture, "target model")
+                                      self.max_num_tokens, self.max_num_seqs * (1 + drafts), capture, decode_only,
+                                      "target model")
         # Only a proposer that runs a model has graphs to capture (the n-gram one runs none).
         capture_draft = getattr(self.proposer, "capture_cuda_graphs", None)
         if capture_draft is not None:
-            capture_draft(self.max_num_seqs, self.max_num_tokens, capture)
+            capture_draft(self.max_num_seqs, self.max_num_tokens, capture, decode_only)
 
     @torch.inference_mode()
     def execute_model(self, batch: ScheduledBatch) -> ModelRunnerOutput:

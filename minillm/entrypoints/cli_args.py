@@ -22,6 +22,8 @@ ENGINE_ARGS: tuple[tuple[str, type, str], ...] = (
     ("gpu_memory_utilization", float, "fraction of device memory for weights and KV cache"),
     ("kv_cache_dtype", str, "auto or int8"),
     ("attention_backend", str, "auto, torch or triton"),
+    ("cudagraph_mode", str, "which steps replay CUDA graphs on a GPU: FULL (every step shape), FULL_DECODE_ONLY "
+                            "or NONE"),
     ("quantization", str, "int8 or int4 weight-only"),
     ("quant_group_size", int, "int4 group size: 32, 64 or 128"),
     ("seed", int, "the sampler's seed for requests without their own"),

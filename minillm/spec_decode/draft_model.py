@@ -42,10 +42,11 @@ class DraftModelProposer:
         self.generator = generator
         self.cuda_graphs: CudaGraphs | None = None
 
-    def capture_cuda_graphs(self, max_num_seqs: int, max_num_tokens: int, capture: bool = True) -> None:
+    def capture_cuda_graphs(self, max_num_seqs: int, max_num_tokens: int, capture: bool = True,
+                            decode_only: bool = False) -> None:
         """The draft's steps through CUDA graphs (capture=False: the same padded path, eagerly)."""
         self.cuda_graphs = CudaGraphs(self.model, self.attn_backend, self.buffers, max_num_seqs, max_num_tokens,
-                                      max_num_seqs, capture, "draft model")
+                                      max_num_seqs, capture, decode_only, "draft model")
 
     @torch.inference_mode()
     def propose(self, seqs: list[Sequence], num_tokens: list[int]) -> Proposal:

@@ -118,9 +118,27 @@ def test_padded_decode_generates_what_eager_steps_do(hf_checkpoint, backend):
         assert logprobs_padded == pytest.approx(logprobs, abs=1e-4)
 
 
-def test_enforce_eager_is_validated():
+def test_enforce_eager_and_cudagraph_mode_are_validated():
     with pytest.raises(ValueError, match="enforce_eager must be True or False, got 'yes'"):
         LLM("tiny", enforce_eager="yes")
+    with pytest.raises(ValueError, match="cudagraph_mode must be one of .*'FULL_DECODE_ONLY'.*, got 'PIECEWISE'"):
+        LLM("tiny", cudagraph_mode="PIECEWISE")
+
+
+def test_decode_only_graphs_leave_the_other_steps_eager():
+    """cudagraph_mode="FULL_DECODE_ONLY": only pure decode steps are padded for a graph; a step with a
+    prompt chunk runs unpadded, eagerly."""
+    llm = LLM("tiny", skip_tokenizer_init=True, dtype="float32", max_num_seqs=4, max_num_batched_tokens=24)
+    runner = llm.llm_engine.model_runner
+    runner.capture_cuda_graphs(capture=False, decode_only=True)
+    assert runner.cuda_graphs.token_sizes == []
+    steps = []
+    execute = runner.execute
+    runner.execute = lambda model_input: steps.append(model_input.batch) or execute(model_input)
+    prompts = [{"prompt_token_ids": list(range(3, 40 + 5 * i))} for i in range(3)]
+    llm.generate(prompts, SamplingParams(temperature=0, max_tokens=5, ignore_eos=True), use_tqdm=False)
+    assert None in steps and all(b is None or b.uniform_decode for b in steps)
+    assert any(b is not None for b in steps)
 
 
 def test_no_graphs_on_a_cpu_or_when_eager():
