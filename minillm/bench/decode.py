@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from minillm.bench.timing import copy_bandwidth, graph_time, matmul_flops, num_copies, wall_time
+from minillm.bench.timing import copy_bandwidth, graph_time, matmul_flops, num_copies, read_bandwidth, wall_time
 from minillm.config.model import ModelConfig
 from minillm.kv.pool import kv_bytes_per_token
 from minillm.llm import LLM
@@ -204,6 +204,7 @@ def bench_decode(model: str, batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64,
             read_bytes, _ = weight_bytes(engine.model)
             kv_token = kv_bytes_per_token(config, torch_dtype)
             copy_bw = copy_bandwidth(dev, (1 << 30) if dev.type == "cuda" else (256 << 20))
+            read_bw = read_bandwidth(dev, (1 << 30) if dev.type == "cuda" else (256 << 20))
             peak = matmul_flops(dev, torch_dtype, 8192 if dev.type == "cuda" else 1024)
             ridge = peak / copy_bw
         for batch in batches:
@@ -241,9 +242,12 @@ def bench_decode(model: str, batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64,
         return next((r[key] for r in decode_rows if r["mode"] == mode and r["batch"] == batch), None)
 
     best = "graphs" if any(r["mode"] == "graphs" for r in decode_rows) else "eager"
+    batch1_gb_s = at(best, 1, "GB_s")
     summary = {"device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu", "dtype": str(torch_dtype),
-               "weight_GB": read_bytes / 1e9, "copy_GB_s": copy_bw / 1e9, "matmul_TFLOP_s": peak / 1e12,
-               "ridge_flop_per_byte": ridge, "batch1_of_copy_bw": at(best, 1, "of_copy_bw"),
+               "weight_GB": read_bytes / 1e9, "copy_GB_s": copy_bw / 1e9, "read_GB_s": read_bw / 1e9,
+               "matmul_TFLOP_s": peak / 1e12, "ridge_flop_per_byte": ridge,
+               "batch1_of_copy_bw": at(best, 1, "of_copy_bw"),
+               "batch1_of_read_bw": None if batch1_gb_s is None else batch1_gb_s * 1e9 / read_bw,
                "batch1_eager_of_copy_bw": at("eager", 1, "of_copy_bw"),
                "graphs_speedup_at_batch1": (at("eager", 1, "step_ms") / at("graphs", 1, "step_ms")
                                             if best == "graphs" and 1 in batches else None),

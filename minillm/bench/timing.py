@@ -1,4 +1,5 @@
-"""Timing GPU work, and the device's two roofs (copy bandwidth, matmul throughput), for the benchmarks.
+"""Timing GPU work, and the device's roofs (copy and read-only bandwidth, matmul throughput), for the
+benchmarks.
 
 Kernels are timed as CUDA-graph replays: a graph launches its kernels back to back, so what is
 measured is GPU time, without the microseconds the CPU spends issuing each launch (which is what
@@ -58,6 +59,17 @@ def copy_bandwidth(device: torch.device | str = "cuda", num_bytes: int = 1 << 30
     if device.type == "cuda":
         return 2 * src.nbytes / graph_time([lambda: dst.copy_(src)])
     return 2 * src.nbytes / wall_time(lambda: dst.copy_(src))
+
+
+def read_bandwidth(device: torch.device | str = "cuda", num_bytes: int = 1 << 30) -> float:
+    """Bytes per second of a sum over a buffer: it reads every byte once and writes one number. A copy
+    writes as much as it reads; a kernel that mostly reads, as a decode step does, can beat it, and
+    this is the roof it approaches instead."""
+    device = torch.device(device)
+    src = torch.ones(num_bytes // 4, dtype=torch.float32, device=device)
+    if device.type == "cuda":
+        return src.nbytes / graph_time([lambda: src.sum()])
+    return src.nbytes / wall_time(lambda: src.sum())
 
 
 def matmul_flops(device: torch.device | str = "cuda", dtype: torch.dtype = torch.bfloat16, n: int = 8192) -> float:

@@ -54,7 +54,7 @@ def capture_sizes(max_num_seqs: int) -> list[int]:
 def token_capture_sizes(max_num_tokens: int) -> list[int]:
     """Token counts of the other graphs: 8, 16, 32, 64, then 1.5x and 2x each power of two (96, 128,
     192, 256, ...), up to max_num_tokens (itself included): a step pads by at most half its tokens,
-    and 2,048 tokens take 15 graphs."""
+    and 2,048 tokens take 14 graphs."""
     sizes, power = [8, 16, 32, 64], 64
     while sizes[-1] < max_num_tokens:
         sizes += [power * 3 // 2, power * 2]

@@ -57,6 +57,7 @@ FEATURES = {
     "chunked": {},
     "prefix cache": {"enable_prefix_caching": True},
     "preemption": {"num_kv_blocks": 26, "block_size": 4},
+    "int8 cache": {"kv_cache_dtype": "int8"},
     "ngram": {"speculative_config": {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}},
     "draft": {"speculative_config": {"model": "tiny-draft", "num_speculative_tokens": 3}},
 }
@@ -83,7 +84,9 @@ def test_padded_steps_of_every_shape_generate_what_unpadded_ones_do(backend, fea
     assert feature != "preemption" or any(event.preempted for event in trace.events)
     for (tokens, logprobs), (ref_tokens, ref_logprobs) in zip(got, plain):
         assert tokens == ref_tokens
-        assert logprobs == pytest.approx(ref_logprobs, abs=1e-5)
+        # An int8 cache rounds each K/V row to 1/127 of its largest value: a padded matmul's last-bit
+        # difference can move a value across a rounding boundary, a whole step of the quantization.
+        assert logprobs == pytest.approx(ref_logprobs, abs=1e-4 if feature == "int8 cache" else 1e-5)
     assert any(b.uniform_decode for b in shapes) and any(not b.uniform_decode for b in shapes), shapes
     blocks = llm.llm_engine.block_manager
     assert blocks.num_free_blocks == blocks.num_blocks, "KV blocks leaked"
