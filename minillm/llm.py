@@ -21,7 +21,8 @@ class LLM:
         engine_args: dtype, device, skip_tokenizer_init, max_model_len, seed; the scheduler's max_num_seqs,
         max_num_batched_tokens (tokens per step; longer prompts are prefilled in chunks) and scheduling_policy
         ("fcfs", or an object with admit and token_budget: see engine/policy.py); and the cache:
-        kv_cache ("paged", "contiguous" or "none"), block_size, num_kv_blocks, gpu_memory_utilization,
+        kv_cache ("paged", "contiguous" or "none"), block_size, num_kv_blocks, gpu_memory_utilization (the
+        share of the GPU's memory that weights and cache take together, vLLM's meaning),
         enable_prefix_caching, attention_backend ("auto", "torch" or "triton"), kv_cache_dtype ("auto": the
         model's dtype, or "int8": K and V quantized with a scale per token and head, paged cache only, about
         half the bytes of fp16); weight-only quantization of the decoder's linear layers: quantization

@@ -125,7 +125,8 @@ def _rows(model: str, draft_model: str | None, device: str | None, cuda: bool, l
     long_prompt = min(long_prompt or (2048 if cuda else 512), context - 64)
     report = progress or (lambda name: None)
     # A pool for the largest decode batch and the long prompt beside it, set outright: on a GPU the
-    # default (a share of the free memory) would shrink with every engine built before.
+    # default (a share of the memory, less what the process holds) would shrink with every engine
+    # built before.
     blocks = large_batch * -(-(32 + new_tokens + 8) // 16) + -(-(long_prompt + 64) // 16) + 8
     common = {"device": device, "max_model_len": long_prompt + 64, "max_num_seqs": large_batch,
               "enable_prefix_caching": False, "num_kv_blocks": blocks}

@@ -54,8 +54,8 @@ class ModelSettings:
 class CacheConfig:
     kv_cache: str = "paged"  # or "contiguous" (a buffer per sequence) or "none" (recompute everything)
     block_size: int = 16  # tokens per block of the paged cache
-    num_kv_blocks: int | None = None  # None: what gpu_memory_utilization leaves free
-    gpu_memory_utilization: float = 0.9
+    num_kv_blocks: int | None = None  # None: what gpu_memory_utilization leaves for it (kv/pool.py)
+    gpu_memory_utilization: float = 0.9  # of the device's memory, weights and cache together (vLLM's meaning)
     enable_prefix_caching: bool = True
     kv_cache_dtype: str = "auto"  # "auto" (the model's dtype) or "int8"
 

@@ -15,10 +15,11 @@ from minillm.sampling_params import SamplingParams
 
 
 def check_engine(plan_kv_blocks: Callable, model: str, device: str | None = None) -> None:
-    """The engine sizes its KV pool with the learner's planner, from a budget of memory given here (as if
-    gpu_memory_utilization of the free memory left that much): the pool must have exactly the blocks
-    the engine's own planner gives, for both KV dtypes, and the engine sized by the learner's planner
-    must generate the tokens that an engine with a pool of the engine's own size generates."""
+    """The engine sizes its KV pool with the learner's planner, from a budget of memory given here (as
+    if gpu_memory_utilization of the memory, less the weights, left that much): the pool must have
+    exactly the blocks the engine's own planner gives, for both KV dtypes, and the engine sized by the
+    learner's planner must generate the tokens that an engine with a pool of the engine's own size
+    generates."""
     engine_args = dict(device=device, max_model_len=256, max_num_seqs=16, enable_prefix_caching=False,
                        skip_tokenizer_init=True)
 

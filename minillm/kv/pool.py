@@ -53,10 +53,15 @@ class KVPool:
 
 
 def available_kv_bytes(device: torch.device, gpu_memory_utilization: float) -> int:
-    """The memory the pool may take, measured after the model is loaded."""
+    """The memory the pool may take, measured after the model is loaded. On a GPU, vLLM's meaning:
+    gpu_memory_utilization of the device's whole memory, less what this process holds already (the
+    weights); the rest of the memory is left for activations, CUDA graphs and the runtime. Never more
+    than that share of the memory still free, where other processes hold some of it. On a CPU, that
+    share of the memory available, at most CPU_KV_CACHE_BYTES."""
     if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        return int(free * gpu_memory_utilization)
+        free, total = torch.cuda.mem_get_info(device)
+        budget = int(total * gpu_memory_utilization) - torch.cuda.memory_reserved(device)
+        return max(0, min(budget, int(free * gpu_memory_utilization)))
     available = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
     return min(CPU_KV_CACHE_BYTES, int(available * gpu_memory_utilization))
 
@@ -73,8 +78,9 @@ def plan_kv_blocks(config: ModelConfig, free_bytes: int, block_size: int, dtype:
 def resolve_num_kv_blocks(num_kv_blocks: int | None, gpu_memory_utilization: float, *, config: ModelConfig,
                           block_size: int, dtype: torch.dtype, device: torch.device, max_model_len: int,
                           max_num_seqs: int, kv_cache_dtype: str = "auto", extra_bytes_per_token: int = 0) -> int:
-    """How many blocks the pool gets: `num_kv_blocks` if given, else what fits in
-    gpu_memory_utilization of the free memory, capped at what max_num_seqs sequences of
+    """How many blocks the pool gets: `num_kv_blocks` if given, else what fits in the budget of
+    `available_kv_bytes` (gpu_memory_utilization of the device's memory, less the weights), capped at
+    what max_num_seqs sequences of
     max_model_len tokens could ever use. Fails if one sequence of max_model_len would not fit.
     extra_bytes_per_token: a draft model's pool, which has as many blocks and shares the budget."""
     per_seq = -(-max_model_len // block_size)
@@ -82,7 +88,7 @@ def resolve_num_kv_blocks(num_kv_blocks: int | None, gpu_memory_utilization: flo
         budget = available_kv_bytes(device, gpu_memory_utilization)
         fit = plan_kv_blocks(config, budget, block_size, dtype, kv_cache_dtype, extra_bytes_per_token)
         num_kv_blocks = min(fit, per_seq * max_num_seqs)
-        source = (f"gpu_memory_utilization={gpu_memory_utilization} of the free memory "
+        source = (f"gpu_memory_utilization={gpu_memory_utilization} of the memory, less the weights "
                   f"({budget / 2**20:.0f} MiB)")
     else:
         source = f"num_kv_blocks={num_kv_blocks}"
