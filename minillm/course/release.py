@@ -47,7 +47,7 @@ if "google.colab" in sys.modules and minillm_version != "{__version__}":
 
 from minillm.course.setup import setup
 
-course = setup()  # device: cuda, then mps, then cpu; model: $MINILLM_MODEL, else tiny (CPU) or SmolLM2 (GPU)'''
+course = setup()  # device: cuda, then mps, then cpu; model: $MINILLM_MODEL, else SmolLM2 (CUDA) or tiny (mps, CPU)'''
 
 
 def colab_url(notebook: str, repository: str = REPOSITORY, tag: str = TAG) -> str:

@@ -30,7 +30,7 @@ class CourseSetup:
 
 def setup(seed: int = SEED) -> CourseSetup:
     """Device (cuda, then mps, then cpu), models ($MINILLM_MODEL / $MINILLM_DRAFT_MODEL override the
-    defaults: tiny on a CPU, the SmolLM2 pair on a GPU), and every seed fixed."""
+    defaults: the SmolLM2 pair on an NVIDIA GPU, tiny on an Apple GPU or a CPU), and every seed fixed."""
     device = default_device()
     default_model, default_draft = GPU_MODELS if device == "cuda" else CPU_MODELS
     choice = CourseSetup(device=device, model=os.environ.get("MINILLM_MODEL", default_model),
