@@ -23,8 +23,8 @@ from minillm.models.interface import CausalLM
 from minillm.models.loader import PICKLE_SUFFIXES
 
 # Replaced by what is written here (or, for pickle weights, never copied); every other file of the
-# source folder (tokenizer, generation_config.json, README) is copied as it is.
-_NOT_COPIED = ("*.safetensors", "model.safetensors.index.json", "config.json",
+# source folder (tokenizer, generation_config.json) is copied as it is, a README with a note on top.
+_NOT_COPIED = ("*.safetensors", "model.safetensors.index.json", "config.json", "README.md",
                *(f"*{suffix}" for suffix in PICKLE_SUFFIXES))
 
 
@@ -54,7 +54,17 @@ def save_quantized(model: CausalLM, source: str | Path, output_dir: str | Path) 
     if "torch_dtype" in config:
         config["torch_dtype"] = config["dtype"]
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    save_file(checkpoint_tensors(model), str(out / "model.safetensors"), metadata={"format": "pt"})
+    scheme = layer.method + (f" g{layer.group_size}" if layer.method == "int4" else "")
+    card = source / "README.md"
+    (out / "README.md").write_text(
+        f"# {source.name}, quantized ({scheme})\n\nThe decoder's linear layers of `{source.name}` in {scheme}, "
+        "weight-only, written by `minillm quantize` (minillm/models/quant_checkpoint.py); `LLM(folder)` loads "
+        "them quantized. Everything else is the source model's"
+        + (", whose card follows.\n\n" + card.read_text() if card.is_file() else ".\n"))
+    weights = out / "model.safetensors"
+    save_file(checkpoint_tensors(model), str(weights), metadata={"format": "pt"})
+    # safetensors writes through a private temporary file: give the weights the mode the other files have.
+    weights.chmod((out / "config.json").stat().st_mode & 0o777)
     return out
 
 

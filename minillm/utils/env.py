@@ -29,6 +29,8 @@ def collect_env() -> dict:
             versions[name] = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
             versions[name] = None
+    # The running torch's own version keeps its build tag (+cpu, +cu130), which the package metadata may drop.
+    versions["torch"] = torch.__version__
     device = default_device()
     info = {
         "python": sys.version.split()[0],
@@ -44,7 +46,7 @@ def collect_env() -> dict:
         props = torch.cuda.get_device_properties(0)
         info["cuda"] = {"device": props.name, "capability": format_capability((props.major, props.minor)),
                         "runtime": torch.version.cuda, "bf16": cuda_bf16_native(0)}
-    info["triton_usable"], info["triton"] = triton_status()
+    info["triton_usable"], info["triton_status"] = triton_status()
     info["hf_hub_offline"] = os.environ.get("HF_HUB_OFFLINE") == "1"
     return info
 

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 
 def minillm(*args: str, timeout: int = 120) -> subprocess.CompletedProcess:
@@ -50,8 +51,10 @@ def test_env_reports_versions_and_triton():
     result = minillm("env", "--json")
     info = json.loads(result.stdout)
     assert info["packages"]["torch"] and info["default_device"] in ("cpu", "cuda", "mps")
-    assert "triton" in info and isinstance(info["triton_usable"], bool)
-    assert "torch" in minillm("env").stdout
+    assert isinstance(info["triton_status"], str) and isinstance(info["triton_usable"], bool)
+    assert info["packages"]["torch"] == torch.__version__  # with its build tag (+cpu, +cu130)
+    text = minillm("env").stdout
+    assert "torch" in text and len([line for line in text.splitlines() if line.split()[0] == "triton"]) <= 1
 
 
 @pytest.mark.slow

@@ -59,6 +59,11 @@ def test_cli_quantizes_tiny_and_the_folder_loads_with_its_tokenizer(tmp_path, ca
     # Saved in the checkpoint's own dtype (bf16), not the CPU's float32.
     config = json.loads((tmp_path / "tiny-int4" / "config.json").read_text())
     assert config["dtype"] == config["torch_dtype"] == "bfloat16"
+    # Its card says what the folder is, above the source's; its weights are as readable as its config.
+    readme = (tmp_path / "tiny-int4" / "README.md").read_text()
+    assert readme.startswith("# tiny, quantized (int4 g64)") and "whose card follows" in readme
+    weights, config_file = (tmp_path / "tiny-int4" / name for name in ("model.safetensors", "config.json"))
+    assert weights.stat().st_mode & 0o777 == config_file.stat().st_mode & 0o777
     loaded = LLM(str(tmp_path / "tiny-int4"), dtype="bfloat16")
     assert loaded.get_tokenizer() is not None
     assert_same_model(LLM("tiny", dtype="bfloat16", quantization="int4", quant_group_size=64), loaded)
