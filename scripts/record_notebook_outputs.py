@@ -15,7 +15,7 @@ from pathlib import Path
 import nbformat
 from nbclient import NotebookClient
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "course"))
 from notebook_runs import NOTEBOOK_ENV, checked_cells, course_notebooks, expected_outputs_file  # noqa: E402
 
 

@@ -32,6 +32,11 @@ def setup(seed: int = SEED) -> CourseSetup:
     """Device (cuda, then mps, then cpu), models ($MINILLM_MODEL / $MINILLM_DRAFT_MODEL override the
     defaults: the SmolLM2 pair on an NVIDIA GPU, tiny on an Apple GPU or a CPU), and every seed fixed."""
     device = default_device()
+    if device != "cuda":
+        # Without a CUDA GPU, Triton's kernels run only in its CPU interpreter (chapters 03, 06 and 08
+        # run them there). Triton reads the switch when it is first imported, and importing
+        # transformers imports it: set it now, before any chapter's imports.
+        os.environ.setdefault("TRITON_INTERPRET", "1")
     default_model, default_draft = GPU_MODELS if device == "cuda" else CPU_MODELS
     choice = CourseSetup(device=device, model=os.environ.get("MINILLM_MODEL", default_model),
                          draft_model=os.environ.get("MINILLM_DRAFT_MODEL", default_draft))

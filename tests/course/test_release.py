@@ -4,6 +4,8 @@ and `minillm course release URL TAG` moves all of it to a fork."""
 
 from __future__ import annotations
 
+import importlib
+import os
 import re
 import shutil
 import sys
@@ -139,3 +141,14 @@ def test_the_command_reports_what_it_would_change(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_:
         cli.main(["course", "sync", "--root", str(tmp_path / "elsewhere")])
     assert exit_.value.code == 2 and "has no notebooks/" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("device,interpreted", [("cpu", "1"), ("mps", "1"), ("cuda", None)])
+def test_setup_switches_on_tritons_interpreter_without_a_cuda_gpu(monkeypatch, device, interpreted):
+    """Triton reads TRITON_INTERPRET once, when first imported, and a chapter's imports (transformers)
+    import it: the setup cell, which runs first, must set it wherever Triton cannot compile."""
+    course_setup = importlib.import_module("minillm.course.setup")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(course_setup, "default_device", lambda: device)
+    course_setup.setup()
+    assert os.environ.get("TRITON_INTERPRET") == interpreted

@@ -70,7 +70,7 @@ def test_padded_steps_of_every_shape_generate_what_unpadded_ones_do(backend, fea
         pytest.importorskip("triton")
     # Prompts sharing a 12-token prefix, of 14 to 44 tokens: with 24 tokens a step, the long ones are
     # prefilled in chunks beside the others' decodes.
-    count = 3 if backend == "triton" else 6
+    count = 2 if backend == "triton" else 6  # the interpreter is slow: two requests still mix every shape
     prompts = [{"prompt_token_ids": [5, 9, 2, 7] * 3 + list(range(30 + i, 32 + 6 * i))} for i in range(count)]
     params = [SamplingParams(temperature=0, max_tokens=4 + 3 * i, ignore_eos=True, logprobs=1) for i in range(count)]
     args = dict(skip_tokenizer_init=True, dtype="float32", device=DEVICE, attention_backend=backend, max_num_seqs=4,
