@@ -16,6 +16,8 @@ of length 0: every padding row attends to nothing and gives zeros.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from minillm.attention.base import AttentionMetadata, BatchDescriptor, query_start_loc
@@ -82,9 +84,7 @@ class PagedAttention:
         stage(self.slot_mapping, slots, batch.num_tokens, pad=-1)  # -1: store nothing
         stage(self.seq_lens, seq_lens, batch.num_seqs)  # 0: attend to nothing
         stage(self.cu_seqlens_q, padded_loc)
-        metadata = self.graph_metadata(batch)
-        metadata.query_start_loc, metadata.start_pos = loc, list(start_pos)
-        return metadata
+        return dataclasses.replace(self.graph_metadata(batch), query_start_loc=loc, start_pos=list(start_pos))
 
     def graph_metadata(self, batch: BatchDescriptor) -> AttentionMetadata:
         """The metadata of any step padded to `batch`, whatever its sequences: what a CUDA graph

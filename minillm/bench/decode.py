@@ -134,16 +134,19 @@ def decoding(llm: LLM, batch: int, context: int, steps: int) -> Iterator[LLMEngi
             engine.abort_request(request_id)
 
 
+def _timed_step(engine: LLMEngine) -> float:
+    """Seconds of one engine step, from an idle device."""
+    if engine.device.type == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    engine.step()  # ends in sampled tokens read back to the host: the step is done on the device
+    return time.perf_counter() - start
+
+
 def _decode_step_seconds(llm: LLM, batch: int, context: int, steps: int) -> float:
     """Median seconds of a pure decode step of `batch` sequences whose contexts reach about `context`."""
-    times = []
     with decoding(llm, batch, context, steps) as engine:
-        for _ in range(steps):
-            if engine.device.type == "cuda":
-                torch.cuda.synchronize()
-            start = time.perf_counter()
-            engine.step()  # ends in sampled tokens read back to the host: the step is done on the device
-            times.append(time.perf_counter() - start)
+        times = [_timed_step(engine) for _ in range(steps)]
     return sorted(times)[len(times) // 2]
 
 
@@ -168,11 +171,7 @@ def _mixed_step_seconds(llm: LLM, decodes: int, chunk: int, context: int, repeat
         params = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)  # done in the step that prefills it
         for i in range(repeats):
             engine.add_request(f"mixed-{i}", _random_prompt(engine.model_config.vocab_size, chunk, 100 + i), params)
-            if engine.device.type == "cuda":
-                torch.cuda.synchronize()
-            start = time.perf_counter()
-            engine.step()
-            times.append(time.perf_counter() - start)
+            times.append(_timed_step(engine))
     return sorted(times)[len(times) // 2]
 
 
@@ -185,9 +184,9 @@ def _roofline(row: dict, moved: float, flops: float, seconds: float, ridge: floa
 
 def bench_decode(model: str, batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256), context: int = 512,
                  steps: int = 10, prefill_lens: tuple[int, ...] = (128, 512, 2048, 8192), device: str | None = None,
-                 dtype: str = "auto", mixed: bool = True) -> tuple[list[dict], list[dict], dict]:
-    """Decode at each batch size (contexts of `context` tokens), eagerly and (CUDA) with graphs;
-    mixed: a step of a 512-token prompt beside 63 decodes, likewise; prefill of one prompt of each
+                 dtype: str = "auto") -> tuple[list[dict], list[dict], dict]:
+    """Decode at each batch size (contexts of `context` tokens), eagerly and (CUDA) with graphs; on a
+    GPU, a step of a 512-token prompt beside 63 decodes, likewise; prefill of one prompt of each
     length, likewise. Random token ids: the shapes are what matter."""
     common = dict(device=device, dtype=dtype, skip_tokenizer_init=True, enable_prefix_caching=False)
     blocks_per_seq = -(-(max(context, MIXED_CHUNK) + steps + 16) // 16)
@@ -203,8 +202,8 @@ def bench_decode(model: str, batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64,
         if mode == "eager":
             read_bytes, _ = weight_bytes(engine.model)
             kv_token = kv_bytes_per_token(config, torch_dtype)
-            copy_bw = copy_bandwidth(dev, (1 << 30) if dev.type == "cuda" else (256 << 20))
-            read_bw = read_bandwidth(dev, (1 << 30) if dev.type == "cuda" else (256 << 20))
+            roof_bytes = (1 << 30) if dev.type == "cuda" else (256 << 20)
+            copy_bw, read_bw = copy_bandwidth(dev, roof_bytes), read_bandwidth(dev, roof_bytes)
             peak = matmul_flops(dev, torch_dtype, 8192 if dev.type == "cuda" else 1024)
             ridge = peak / copy_bw
         for batch in batches:
@@ -213,7 +212,7 @@ def bench_decode(model: str, batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64,
             flops = batch * step_flops(config, 1, context + steps // 2)
             decode_rows.append(_roofline({"mode": mode, "batch": batch, "step_ms": seconds * 1e3,
                                           "tokens_per_s": batch / seconds}, moved, flops, seconds, ridge, copy_bw))
-        if mixed and dev.type == "cuda" and max(batches) > MIXED_DECODES:  # what graphs change: a GPU's figure
+        if dev.type == "cuda" and max(batches) > MIXED_DECODES:  # what graphs change: a GPU's figure
             mixed_ms[mode] = _mixed_step_seconds(llm, MIXED_DECODES, MIXED_CHUNK, context) * 1e3
         del llm, engine
         gc.collect()

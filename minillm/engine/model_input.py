@@ -35,9 +35,11 @@ class ModelInput:
 
 def build_model_input(seqs: list[Sequence], start_pos: list[int], token_ids: list[list[int]],
                       num_logits: list[int], attn_backend: AttentionBackend, buffers: InputBuffers,
-                      batch: BatchDescriptor | None = None) -> ModelInput:
+                      graphs: CudaGraphs | None = None) -> ModelInput:
     """Sequence i feeds token_ids[i] at positions start_pos[i], ...; logits at its last num_logits[i]
-    positions. With `batch`, padded to that shape: rows past the batch read and write nothing."""
+    positions. With `graphs`, padded to the shape of the one that holds the step, if one does: rows
+    past the batch read and write nothing."""
+    batch = None if graphs is None else graphs.descriptor([len(ids) for ids in token_ids], num_logits)
     input_ids = [t for ids in token_ids for t in ids]
     positions = [p for start, ids in zip(start_pos, token_ids) for p in range(start, start + len(ids))]
     metadata = attn_backend.build_metadata(seqs, start_pos, [len(ids) for ids in token_ids], batch)

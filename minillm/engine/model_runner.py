@@ -95,9 +95,8 @@ class ModelRunner:
                      in zip(batch.seqs, starts, batch.num_new_tokens, batch.num_spec_tokens, spec)]
         # Logits at each sampling sequence's last position, and at each of its drafts.
         num_logits = [len(drafts) + 1 if sample else 0 for sample, drafts in zip(batch.do_sample, spec)]
-        graph = None if self.cuda_graphs is None else self.cuda_graphs.descriptor([len(ids) for ids in token_ids],
-                                                                                  num_logits)
-        return build_model_input(batch.seqs, starts, token_ids, num_logits, self.attn_backend, self.buffers, graph)
+        return build_model_input(batch.seqs, starts, token_ids, num_logits, self.attn_backend, self.buffers,
+                                 self.cuda_graphs)
 
     def execute(self, model_input: ModelInput) -> torch.Tensor | None:
         """Logits [rows, vocab] at model_input.logits_indices; None if the step samples nothing."""

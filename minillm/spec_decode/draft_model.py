@@ -62,10 +62,8 @@ class DraftModelProposer:
             else:
                 starts = [s.num_draft_computed_tokens for s in batch]
                 feed = [[drafts[i][-1]] for i in active]
-            num_logits = [1] * len(batch)
-            graph = None if self.cuda_graphs is None else self.cuda_graphs.descriptor([len(ids) for ids in feed],
-                                                                                      num_logits)
-            model_input = build_model_input(batch, starts, feed, num_logits, self.attn_backend, self.buffers, graph)
+            model_input = build_model_input(batch, starts, feed, [1] * len(batch), self.attn_backend, self.buffers,
+                                            self.cuda_graphs)
             logits = execute_model_input(self.model, self.attn_backend, model_input, self.cuda_graphs)
             for s, start, ids in zip(batch, starts, feed):
                 s.num_draft_computed_tokens = start + len(ids)
