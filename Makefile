@@ -7,28 +7,37 @@ BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 COLAB_WIDGETS := .venv-colab-widgets/.installed
 
-.PHONY: course test env lint exercises check-exercises bench
+.PHONY: course test env notebook-filter lint exercises check-exercises bench
 
 # JupyterLab refuses to start as root (Docker, many cloud machines) unless allowed to. COURSE_ARGS
 # passes more options, e.g. COURSE_ARGS="--no-browser --port=8899".
 ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
 COURSE_ARGS ?=
 
-course: env
-	$(BIN)/jupyter lab $(ALLOW_ROOT) $(COURSE_ARGS) notebooks/00_welcome.ipynb
+# JupyterLab's root is the repository's, so that exercises/ and solutions/ sit beside notebooks/ in its
+# file browser (given only the chapter, it would take the chapter's folder); chapter 00 opens first.
+course: env notebook-filter
+	$(BIN)/jupyter lab $(ALLOW_ROOT) --ServerApp.root_dir=. $(COURSE_ARGS) notebooks/00_welcome.ipynb
 
+# Two workers: on CI's 2 cores much of a test's time is a notebook kernel, JupyterLab, Chromium or a
+# server subprocess working or waiting, so a second worker fills the gaps (worksteal evens the ends).
 test: env $(COLAB_WIDGETS)
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n 2 --dist worksteal
 
 env: $(INSTALLED)
 
 # torch is installed on its own first only where none is there yet, so a GPU machine keeps its
-# CUDA build (and CI its CPU build, see .ci/run); pip then only adds what is missing.
+# CUDA build (and CI its CPU build, see .ci/run); without an NVIDIA GPU, the CPU build
+# (scripts/install_torch.sh). pip then only adds what is missing.
 $(INSTALLED): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install torch
+	$(BIN)/python -c "import torch" 2>/dev/null || bash scripts/install_torch.sh $(BIN)/pip
 	$(BIN)/pip install -e ".[course,serve,dev]"
 	touch $@
+
+# Notebook outputs never reach git: nbstripout as this clone's git filter (scripts/notebook_filter.sh).
+notebook-filter: env
+	bash scripts/notebook_filter.sh $(BIN)/python
 
 # Colab's ipywidgets 7.7.1 and plotly 5.24.1, which the widget tests also run against.
 $(COLAB_WIDGETS): scripts/colab_widget_env.sh | $(INSTALLED)

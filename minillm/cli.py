@@ -10,15 +10,17 @@ from pathlib import Path
 from minillm.bench.cli import add_bench_commands
 from minillm.entrypoints.cli_args import add_serve_args
 from minillm.quant import QUANTIZATION_METHODS
+from minillm.utils.arg_types import int_in
 from minillm.version import __version__
 
 
 def _generate(args) -> None:
     from minillm import LLM, SamplingParams
 
-    llm = LLM(args.model, device=args.device, dtype=args.dtype, speculative_config=speculative_config(args))
+    # Checked before the model loads, so that a bad value is refused at once.
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                             max_tokens=args.max_tokens, seed=args.seed)
+    llm = LLM(args.model, device=args.device, dtype=args.dtype, speculative_config=speculative_config(args))
     if args.stream:
         print(args.prompt, end="", flush=True)
         for piece in llm.stream(args.prompt, params):
@@ -51,27 +53,18 @@ def speculative_args(p: argparse.ArgumentParser) -> None:
 
 
 def _serve(args) -> None:
-    import uvicorn
+    from minillm.entrypoints.launcher import run_server
 
-    from minillm.async_llm import AsyncLLM
-    from minillm.entrypoints.api_server import build_app
-    from minillm.entrypoints.cli_args import engine_kwargs
-
-    template = Path(args.chat_template).read_text() if args.chat_template else None
-    engine = AsyncLLM(args.model, speculative_config=speculative_config(args), **engine_kwargs(args))
-    try:
-        uvicorn.run(build_app(engine, args.served_model_name, args.api_key, template, args.max_body_bytes),
-                    host=args.host, port=args.port, log_level="info")
-    finally:
-        engine.shutdown()
+    sys.exit(run_server(args, speculative_config(args)))
 
 
 def _quantize(args) -> None:
     from minillm import LLM
     from minillm.models.loader import resolve_model_path
-    from minillm.models.quant_checkpoint import save_quantized
+    from minillm.models.quant_checkpoint import check_output_dir, save_quantized
     from minillm.models.registry import read_model_config
 
+    check_output_dir(args.output)  # before the model loads
     # "auto" keeps the checkpoint's dtype (on a CPU the engine's auto would be float32).
     dtype = args.dtype
     if dtype == "auto":
@@ -162,7 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen = sub.add_parser("generate", help="complete a prompt")
     gen.add_argument("prompt")
     model_args(gen)
-    gen.add_argument("--max-tokens", type=int, default=64)
+    gen.add_argument("--max-tokens", type=int_in(1), default=64)
     gen.add_argument("--temperature", type=float, default=0.8)
     gen.add_argument("--top-p", type=float, default=0.95)
     gen.add_argument("--top-k", type=int, default=0)
@@ -192,7 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
     ppl = ev.add_parser("perplexity", help="perplexity on held-out text")
     model_args(ppl)
     text_arg(ppl)
-    ppl.add_argument("--window", type=int, default=512)
+    ppl.add_argument("--window", type=int_in(1), default=512)
     ppl.add_argument("--quantization", choices=QUANTIZATION_METHODS, default=None,
                      help="also evaluate the model quantized, against itself unquantized")
     group_size_arg(ppl)
@@ -200,11 +193,11 @@ def build_parser() -> argparse.ArgumentParser:
     acc = ev.add_parser("acceptance", help="greedy acceptance rate of a draft model")
     model_args(acc)
     acc.add_argument("--draft", default="tiny-draft")
-    acc.add_argument("-k", type=int, default=4, help="draft tokens proposed per target call")
+    acc.add_argument("-k", type=int_in(1), default=4, help="draft tokens proposed per target call")
     acc.add_argument("--text", default=None)
-    acc.add_argument("--num-prompts", type=int, default=32)
-    acc.add_argument("--prompt-len", type=int, default=64)
-    acc.add_argument("--num-tokens", type=int, default=64)
+    acc.add_argument("--num-prompts", type=int_in(1), default=32)
+    acc.add_argument("--prompt-len", type=int_in(1), default=64)
+    acc.add_argument("--num-tokens", type=int_in(1), default=64)
     acc.add_argument("--seed", type=int, default=0)
     acc.set_defaults(func=_eval_acceptance)
 

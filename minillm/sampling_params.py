@@ -1,6 +1,8 @@
 """How to pick each next token, and when to stop: vLLM's `SamplingParams`, same names and meaning.
 
-Filters apply in vLLM's order: temperature, then min_p, then top_k, then top_p.
+Penalties change the logits first (sample/penalties.py): presence_penalty and frequency_penalty
+(OpenAI's, on the output's tokens) and repetition_penalty (vLLM's, on the prompt's and the output's).
+Filters apply next, in vLLM's order: temperature, then min_p, then top_k, then top_p.
 - temperature 0 is greedy (argmax); otherwise logits are divided by it before the softmax.
 - min_p keeps tokens whose probability is at least min_p times the most likely token's.
 - top_k keeps the k most likely tokens; tokens tied with the k-th are kept too.
@@ -19,6 +21,9 @@ MAX_INT32 = 2**31 - 1  # token counts, top_k and token ids: far past any context
 MIN_SEED, MAX_SEED = -(2**63), 2**64 - 1
 MAX_LOGPROBS = 20  # vLLM's default max_logprobs
 FLOAT32_MAX = 3.4028234663852886e38  # the sampler holds temperatures as float32
+MAX_PENALTY = 2.0  # presence and frequency penalties, OpenAI's and vLLM's range [-2, 2]
+# A repetition penalty divides or multiplies logits: bounded so that a logit stays finite (vLLM only asks > 0).
+MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY = 0.01, 100.0
 SMALLEST_POSITIVE = math.ulp(0.0)  # x >= it is x > 0, for floats and ints alike
 
 
@@ -42,6 +47,9 @@ class SamplingParams:
     logprobs: int | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0  # 1: none
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
     stop_strings: list[str] = field(init=False, repr=False)
 
@@ -52,6 +60,10 @@ class SamplingParams:
         _number("top_p", self.top_p, SMALLEST_POSITIVE, 1, "in (0, 1]")
         _number("min_p", self.min_p, 0, 1, "in [0, 1]")
         _integer("top_k", self.top_k, -1, MAX_INT32, f"0 or -1 (disabled) or in [1, {MAX_INT32}]")
+        for name in ("presence_penalty", "frequency_penalty"):
+            _number(name, getattr(self, name), -MAX_PENALTY, MAX_PENALTY, f"in [-{MAX_PENALTY}, {MAX_PENALTY}]")
+        _number("repetition_penalty", self.repetition_penalty, MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY,
+                f"in [{MIN_REPETITION_PENALTY}, {MAX_REPETITION_PENALTY}] (1 means none)")
         if self.max_tokens is not None:
             _integer("max_tokens", self.max_tokens, 1, MAX_INT32)
         _integer("min_tokens", self.min_tokens, 0, MAX_INT32)
@@ -78,6 +90,10 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature < GREEDY_EPS
+
+    @property
+    def has_penalties(self) -> bool:
+        return self.presence_penalty != 0 or self.frequency_penalty != 0 or self.repetition_penalty != 1
 
 
 def _number(name: str, value, low: float, high: float, accepted: str) -> None:

@@ -7,8 +7,10 @@ Two layers:
   `cache_growth_figure`, `block_pool_figure`, `batch_slots_figure`, `draft_acceptance_figure` (with
   `acceptance_stats`, the numbers it draws); built on timeseries.py (per-step columns, shared axes
   and lines), colors.py (one colour per request id) and formatting.py (`format_bytes`,
-  `format_percent`); and `quant_error_figure`, `weight -> go.Figure` (quant_error.py); and `roofline_figure`,
-  `bench decode`'s rows and summary -> go.Figure (roofline.py), with `roofline_points`;
+  `format_percent`, and `format_token`, a token's text with its whitespace shown); and
+  `quant_error_figure`, `weight -> go.Figure` (quant_error.py); and `roofline_figure`, `bench
+  decode`'s rows and summary -> go.Figure (roofline.py), with `roofline_points`; and
+  `latency_curve_figure`, `bench serve`'s rows -> go.Figure (latency_curve.py);
 - live views, ipywidgets that follow an engine while `generate` runs or show a recorded trace:
   `CacheGrowth`, `BlockPool`, `BatchSlots`, `DraftAcceptance`; built on live.py (listener, throttled
   redraw, step slider) and figure_host.py (plotly FigureWidget, or an Output fallback); and
@@ -27,15 +29,17 @@ from .block_pool import block_pool_figure
 from .cache_growth import cache_growth_figure
 from .colors import request_color
 from .draft_acceptance import acceptance_stats, draft_acceptance_figure
-from .formatting import format_bytes, format_percent
+from .formatting import format_bytes, format_percent, format_token
+from .latency_curve import latency_curve_figure
 from .quant_error import quant_error_figure
 from .roofline import roofline_figure, roofline_points
 from .serving_dashboard import serving_dashboard_figure, serving_series
 
 __all__ = ["BatchSlots", "BlockPool", "CacheGrowth", "DraftAcceptance", "QuantError", "Roofline", "ServingDashboard",
            "acceptance_stats", "batch_slots_figure", "block_pool_figure", "cache_growth_figure",
-           "draft_acceptance_figure", "format_bytes", "format_percent", "quant_error_figure", "request_color",
-           "roofline_figure", "roofline_points", "serving_dashboard_figure", "serving_series"]
+           "draft_acceptance_figure", "format_bytes", "format_percent", "format_token", "latency_curve_figure",
+           "quant_error_figure", "request_color", "roofline_figure", "roofline_points", "serving_dashboard_figure",
+           "serving_series"]
 
 
 def __getattr__(name: str):

@@ -19,6 +19,9 @@ FREE_COLOR = "#e6e6e6"
 CACHED_RING = "#222222"
 WIDTH = 760  # px, with the height fixed by the pool's shape, so that a live redraw never moves the page
 MAX_BLOCKS = 1024  # drawn at most; the pool hands out low block ids first, so activity shows there
+MAX_COLUMNS = 40  # so that a square is at least 14 px: its colour and its sharer count stay readable
+LEGEND_PER_ROW = 6  # entries ("request 12") in a row of the legend at WIDTH
+LEGEND_ROW_PX = 22
 
 
 def pool_state(event: StepEvent) -> dict[int, list[tuple[str, int]]]:
@@ -41,7 +44,7 @@ def block_pool_figure(trace: Trace, *, step: int | None = None, columns: int | N
     events = [e for e in trace.events if step is None or e.step <= step]
     event = events[-1] if events else None
     num_blocks = min(info.num_kv_blocks, max_blocks)
-    columns = columns or max(8, min(64, math.ceil(math.sqrt(num_blocks * 2))))
+    columns = columns or max(8, min(MAX_COLUMNS, math.ceil(math.sqrt(num_blocks * 2))))
     rows = math.ceil(num_blocks / columns)
     owners = pool_state(event) if event else {}
     cached = set(event.cached_blocks) if event else set()
@@ -59,14 +62,18 @@ def block_pool_figure(trace: Trace, *, step: int | None = None, columns: int | N
             marker=dict(symbol="square", size=cell, color=FREE_COLOR if name == "free" else request_color(name),
                         line=dict(width=[2 if b in cached else 0 for b in blocks], color=CACHED_RING)),
             text=[str(len(owners[b])) if len(owners.get(b, ())) > 1 else "" for b in blocks],
-            textfont=dict(color="white", size=max(6, cell - 10)),
+            textfont=dict(color="white", size=max(7, cell - 6)),
             hovertext=[_describe(b, owners.get(b, []), b in cached) for b in blocks], hoverinfo="text"))
-    height = 130 + rows * (cell + 2)
+    # Room below the grid for a legend of every request of the run (and "free"), so that the grid
+    # keeps its size as requests come and go, and scrubbing never moves the page.
+    legend_px = math.ceil((len(trace.request_ids) + 1) / LEGEND_PER_ROW) * LEGEND_ROW_PX
+    margin = dict(l=40, r=20, t=80, b=10 + legend_px)
+    plot_px = (rows + 1) * (cell + 2)  # the y range spans rows + 1
     fig.update_layout(
         title=dict(text=f"KV block pool · {_blocks_shown(num_blocks, info.num_kv_blocks)} of {info.block_size} tokens"
                         f"<br><sup>{_caption(trace, event, owners, cached)}</sup>"),
-        width=WIDTH, height=height, template="plotly_white", margin=dict(l=40, r=20, t=80, b=30),
-        legend=dict(orientation="h", y=-0.02, yanchor="top"), showlegend=True)
+        width=WIDTH, height=margin["t"] + plot_px + margin["b"], template="plotly_white", margin=margin,
+        legend=dict(orientation="h", y=-4 / plot_px, yanchor="top"), showlegend=True)
     fig.update_xaxes(visible=False, range=[-1, columns])
     fig.update_yaxes(visible=False, range=[rows, -1])  # block 0 at the top left, reading order
     return fig

@@ -1,7 +1,9 @@
-"""Numbers as the views print them: one formatter per kind of quantity, shared by titles, hover
-text and reprs, so that the same number reads the same everywhere."""
+"""Numbers and tokens as the views print them: one formatter per kind of quantity, shared by titles,
+hover text and reprs, so that the same number reads the same everywhere."""
 
 from __future__ import annotations
+
+import re
 
 import numpy as np
 
@@ -27,3 +29,17 @@ def format_percent(fraction: float) -> str:
     `format_percent(5.2e-7) -> "0.000052%"` (a small cache on a big device is the usual case)."""
     percent = np.format_float_positional(fraction * 100, precision=2, fractional=False, trim="-")
     return f"{percent}%"
+
+
+
+VISIBLE_SPACE = "␣"
+RUN = 4  # spaces in a row from which a run is written with its count: ␣×7 reads better than ␣␣␣␣␣␣␣
+
+
+def format_token(text: str) -> str:
+    """A token's text as a chart label that shows its whitespace, which an SVG label would collapse
+    (every run of spaces drawn as one): a space is "␣", a run of 4 or more "␣×N", and a newline, a
+    tab or another unprintable character its Python escape: `format_token("\\n       ") -> "\\n␣×7"`."""
+    escaped = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    return re.sub(" +", lambda m: f"{VISIBLE_SPACE}×{len(m[0])}" if len(m[0]) >= RUN else VISIBLE_SPACE * len(m[0]),
+                  escaped)

@@ -5,11 +5,16 @@ through the steps with a slider.
 A view subclasses `LiveView`, passes its own controls, and implements `figure(step)` with one of
 the pure `trace -> go.Figure` functions; everything else (listening, throttling, the final
 redraw, the slider, the FigureWidget-or-Output choice) is here.
+
+A view counts steps from the start of what it shows, as a fresh engine counts them (0, 1, ...):
+an engine that ran before (a warm-up, an earlier run in the chapter) is hundreds of steps into its
+own count, and "step 770" would tell the learner nothing about this run.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Iterator, Sequence
 from time import monotonic
 from typing import TYPE_CHECKING
@@ -29,12 +34,13 @@ if TYPE_CHECKING:
 class LiveView(ipywidgets.VBox):
     # A class default, since ipywidgets calls close() from __del__, also on a view whose __init__ failed.
     _engine: LLMEngine | None = None
+    _first_step: int | None = None  # the engine's number for the view's step 0, once it has one
 
     def __init__(self, source: Trace | LLM | LLMEngine, controls: Sequence[ipywidgets.Widget] = (), *,
                  min_interval: float = 0.2) -> None:
         """source: a recorded `Trace`, or an `LLM` / `LLMEngine` to follow from now on."""
         if isinstance(source, Trace):
-            self.trace = source
+            self.trace = Trace(source.info, [self._renumbered(e) for e in source.events])
         else:
             engine = getattr(source, "llm_engine", source)
             if not hasattr(engine, "step_listeners"):
@@ -97,8 +103,13 @@ class LiveView(ipywidgets.VBox):
         if self.attached:
             self._engine.step_listeners.remove(self._on_step)
 
+    def _renumbered(self, event: StepEvent) -> StepEvent:
+        if self._first_step is None:  # the first step the view shows is its step 0
+            self._first_step = event.step
+        return dataclasses.replace(event, step=event.step - self._first_step)
+
     def _on_step(self, event: StepEvent) -> None:
-        self.trace(event)
+        self.trace(self._renumbered(event))
         # Long runs make big figures: waiting 4x the last draw keeps drawing under a fifth of the time.
         wait = max(self.min_interval, 4 * self._draw_seconds)
         # The last step of a run is always drawn, so the chart never stops short of the end.

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from minillm.quant import INT4_GROUP_SIZES
+from minillm.utils.arg_types import int_in, parsed_by
 
 
 def _bench_kv_cache(args) -> None:
@@ -166,18 +167,6 @@ def _bench_serve(args) -> None:
     print(f"wrote {args.out}")
 
 
-def _parsed_by(parse: Callable[[str], object]) -> Callable[[str], object]:
-    """An argparse type from a parser that raises ValueError, keeping its message."""
-
-    def parse_arg(text: str) -> object:
-        try:
-            return parse(text)
-        except ValueError as e:
-            raise argparse.ArgumentTypeError(str(e)) from None
-
-    return parse_arg
-
-
 def add_bench_commands(sub: argparse._SubParsersAction, model_args: Callable[[argparse.ArgumentParser], None],
                        text_arg: Callable[[argparse.ArgumentParser], None]) -> None:
     """`minillm bench NAME ...`; model_args and text_arg add the arguments shared with other commands."""
@@ -193,61 +182,61 @@ def add_bench_commands(sub: argparse._SubParsersAction, model_args: Callable[[ar
         return p
 
     kv = bench_command("kv-cache", "decode tokens/s with and without the KV cache", _bench_kv_cache)
-    kv.add_argument("--lengths", type=int, nargs="+", default=[64, 128, 256, 512, 1024])
-    kv.add_argument("--decode-tokens", type=int, default=32)
+    kv.add_argument("--lengths", type=int_in(1), nargs="+", default=[64, 128, 256, 512, 1024])
+    kv.add_argument("--decode-tokens", type=int_in(1), default=32)
     paged = bench_command("paged", "paged against contiguous KV memory, and prefix caching", _bench_paged)
-    paged.add_argument("--num-requests", type=int, default=48)
-    paged.add_argument("--max-tokens", type=int, default=1024, help="the cap each request sets")
-    paged.add_argument("--block-size", type=int, default=16)
-    paged.add_argument("--budget-blocks", type=int, default=256, help="the fixed KV budget, in blocks")
-    paged.add_argument("--prefix-requests", type=int, default=32)
-    paged.add_argument("--prefix-len", type=int, default=256)
+    paged.add_argument("--num-requests", type=int_in(1), default=48)
+    paged.add_argument("--max-tokens", type=int_in(1), default=1024, help="the cap each request sets")
+    paged.add_argument("--block-size", type=int_in(1), default=16)
+    paged.add_argument("--budget-blocks", type=int_in(1), default=256, help="the fixed KV budget, in blocks")
+    paged.add_argument("--prefix-requests", type=int_in(1), default=32)
+    paged.add_argument("--prefix-len", type=int_in(1), default=256)
     paged.add_argument("--seed", type=int, default=0)
     tput = bench_command("throughput", "continuous against static batching and transformers generate",
                          _bench_throughput)
-    tput.add_argument("--num-requests", type=int, default=64)
-    tput.add_argument("--batch-size", type=int, default=16, help="requests served at once (max_num_seqs)")
-    tput.add_argument("--max-prompt", type=int, default=512)
-    tput.add_argument("--max-output", type=int, default=512)
+    tput.add_argument("--num-requests", type=int_in(1), default=64)
+    tput.add_argument("--batch-size", type=int_in(1), default=16, help="requests served at once (max_num_seqs)")
+    tput.add_argument("--max-prompt", type=int_in(1), default=512)
+    tput.add_argument("--max-output", type=int_in(1), default=512)
     tput.add_argument("--seed", type=int, default=0)
     attn = bench_command("attention", "Triton attention kernels against memory bandwidth and SDPA (CUDA)",
                          _bench_attention, model=False)
-    attn.add_argument("--batch", type=int, default=8)
+    attn.add_argument("--batch", type=int_in(1), default=8)
     dec = bench_command("decode", "the roofline of a step: decode at rising batch sizes (eager and CUDA graphs) "
                         "and prefill, against the measured copy bandwidth and matmul peak", _bench_decode)
-    dec.add_argument("--batches", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64, 128, 256])
-    dec.add_argument("--context", type=int, default=512, help="tokens already in each sequence's cache")
-    dec.add_argument("--steps", type=int, default=10, help="decode steps timed per batch size")
-    dec.add_argument("--prefill-lens", type=int, nargs="*", default=[128, 512, 2048, 8192])
+    dec.add_argument("--batches", type=int_in(1), nargs="+", default=[1, 2, 4, 8, 16, 32, 64, 128, 256])
+    dec.add_argument("--context", type=int_in(1), default=512, help="tokens already in each sequence's cache")
+    dec.add_argument("--steps", type=int_in(1), default=10, help="decode steps timed per batch size")
+    dec.add_argument("--prefill-lens", type=int_in(1), nargs="*", default=[128, 512, 2048, 8192])
     quant_bench = bench_command("quant", "weight bytes, perplexity and tokens/s of each quantization scheme, the "
                                 "int8 KV cache, and (CUDA) the matmul kernels against fp16", _bench_quant)
     text_arg(quant_bench)
-    quant_bench.add_argument("--group-sizes", type=int, nargs="+", default=list(INT4_GROUP_SIZES))
-    quant_bench.add_argument("--window", type=int, default=512)
-    quant_bench.add_argument("--max-eval-tokens", type=int, default=None, help="cut the held-out text")
-    quant_bench.add_argument("--num-prompts", type=int, default=32)
-    quant_bench.add_argument("--num-tokens", type=int, default=32)
+    quant_bench.add_argument("--group-sizes", type=int_in(1), nargs="+", default=list(INT4_GROUP_SIZES))
+    quant_bench.add_argument("--window", type=int_in(1), default=512)
+    quant_bench.add_argument("--max-eval-tokens", type=int_in(1), default=None, help="cut the held-out text")
+    quant_bench.add_argument("--num-prompts", type=int_in(1), default=32)
+    quant_bench.add_argument("--num-tokens", type=int_in(1), default=32)
     kern = bench_command("kernels", "kernel launches per decoder layer per decode step (the dispatcher's count; "
                          "on CUDA the profiler's too)", _bench_kernels, model=False)
     kern.add_argument("--models", nargs="+", default=["tiny"])
     kern.add_argument("--kernels", nargs="+", default=["auto"], choices=["auto", "torch", "triton"])
-    kern.add_argument("--batch", type=int, default=1)
-    kern.add_argument("--steps", type=int, default=3, help="decode steps counted")
+    kern.add_argument("--batch", type=int_in(1), default=1)
+    kern.add_argument("--steps", type=int_in(1), default=3, help="decode steps counted")
     kern.add_argument("--device", default=None)
     kern.add_argument("--dtype", default="auto")
     step = bench_command("step", "host time of a decode step by phase (schedule, prepare, execute, sample, "
                          "update), here and at another git revision", _bench_step)
-    step.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16, 64])
+    step.add_argument("--batch-sizes", type=int_in(1), nargs="+", default=[1, 16, 64])
     spec = bench_command("spec", "plain against speculative decoding: tokens per call, cost model, speedup",
                          _bench_spec)
     spec.add_argument("--draft", default="tiny-draft", help="the draft model of the draft_model method")
     spec.add_argument("--methods", nargs="+", default=None, choices=["draft_model", "ngram", "draft=target"],
                       help="default: all three")
-    spec.add_argument("--ks", type=int, nargs="+", default=[1, 2, 3, 4, 5, 6, 7, 8])
-    spec.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4, 16, 64])
+    spec.add_argument("--ks", type=int_in(1), nargs="+", default=[1, 2, 3, 4, 5, 6, 7, 8])
+    spec.add_argument("--batch-sizes", type=int_in(1), nargs="+", default=[1, 4, 16, 64])
     spec.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 0.8])
-    spec.add_argument("--num-tokens", type=int, default=128, help="generated per request")
-    step.add_argument("--steps", type=int, default=50, help="decode steps timed per batch size")
+    spec.add_argument("--num-tokens", type=int_in(1), default=128, help="generated per request")
+    step.add_argument("--steps", type=int_in(1), default=50, help="decode steps timed per batch size")
     step.add_argument("--baseline", metavar="REV", default=None,
                       help="also measure this git revision's engine (a temporary worktree), and compare")
     _add_serve(bench_command("serve", "an OpenAI-compatible server under load over HTTP, streaming: TTFT, TPOT, "
@@ -260,17 +249,17 @@ def _add_serve(p: argparse.ArgumentParser) -> None:
     p.add_argument("--base-url", default=None,
                    help="a running server, http://host:port (default: start one here with the model arguments)")
     p.add_argument("--api-key", default=None, help="the server's key, if it has one")
-    p.add_argument("--num-prompts", type=int, default=64, help="requests sent at each rate")
-    p.add_argument("--input-len", type=_parsed_by(parse_range), default="16:128",
+    p.add_argument("--num-prompts", type=int_in(1), default=64, help="requests sent at each rate")
+    p.add_argument("--input-len", type=parsed_by(parse_range), default="16:128",
                    help="prompt tokens, N or LOW:HIGH (drawn uniformly)")
-    p.add_argument("--output-len", type=_parsed_by(parse_range), default="16:64",
+    p.add_argument("--output-len", type=parsed_by(parse_range), default="16:64",
                    help="generated tokens, N or LOW:HIGH (drawn uniformly; end-of-text is ignored)")
-    p.add_argument("--request-rate", type=_parsed_by(parse_rates), default="inf",
+    p.add_argument("--request-rate", type=parsed_by(parse_rates), default="inf",
                    help="requests/s with Poisson arrivals, inf for all at once; a list like 1,2,4,inf is a sweep")
-    p.add_argument("--max-concurrency", type=int, default=None, help="at most this many requests in flight")
-    p.add_argument("--goodput", type=_parsed_by(parse_slo), nargs="+", default=None, metavar="METRIC:MS",
+    p.add_argument("--max-concurrency", type=int_in(1), default=None, help="at most this many requests in flight")
+    p.add_argument("--goodput", type=parsed_by(parse_slo), nargs="+", default=None, metavar="METRIC:MS",
                    help="an SLO, e.g. ttft:500 tpot:100 (ttft, tpot, e2el in ms): goodput counts the requests "
                    "that meet all of it (default: no SLO, no goodput)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--max-num-seqs", type=int, default=None, help="of the server started here")
-    p.add_argument("--max-num-batched-tokens", type=int, default=None, help="of the server started here")
+    p.add_argument("--max-num-seqs", type=int_in(1), default=None, help="of the server started here")
+    p.add_argument("--max-num-batched-tokens", type=int_in(1), default=None, help="of the server started here")

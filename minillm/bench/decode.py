@@ -143,11 +143,10 @@ def _timed_step(engine: LLMEngine) -> float:
     return time.perf_counter() - start
 
 
-def _decode_step_seconds(llm: LLM, batch: int, context: int, steps: int) -> float:
-    """Median seconds of a pure decode step of `batch` sequences whose contexts reach about `context`."""
+def _decode_step_seconds(llm: LLM, batch: int, context: int, steps: int) -> list[float]:
+    """Seconds of each of `steps` pure decode steps of `batch` sequences whose contexts reach about `context`."""
     with decoding(llm, batch, context, steps) as engine:
-        times = [_timed_step(engine) for _ in range(steps)]
-    return sorted(times)[len(times) // 2]
+        return [_timed_step(engine) for _ in range(steps)]
 
 
 def _prefill_seconds(llm: LLM, tokens: int) -> float:
@@ -207,10 +206,12 @@ def bench_decode(model: str, batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64,
             peak = matmul_flops(dev, torch_dtype, 8192 if dev.type == "cuda" else 1024)
             ridge = peak / copy_bw
         for batch in batches:
-            seconds = _decode_step_seconds(llm, batch, context, steps)
+            runs = _decode_step_seconds(llm, batch, context, steps)
+            seconds = sorted(runs)[len(runs) // 2]
             moved = read_bytes + batch * (context + steps // 2) * kv_token
             flops = batch * step_flops(config, 1, context + steps // 2)
             decode_rows.append(_roofline({"mode": mode, "batch": batch, "step_ms": seconds * 1e3,
+                                          "step_ms_runs": [t * 1e3 for t in runs],  # for a spread: bench/verdict.py
                                           "tokens_per_s": batch / seconds}, moved, flops, seconds, ridge, copy_bw))
         if dev.type == "cuda" and max(batches) > MIXED_DECODES:  # what graphs change: a GPU's figure
             mixed_ms[mode] = _mixed_step_seconds(llm, MIXED_DECODES, MIXED_CHUNK, context) * 1e3

@@ -1,7 +1,7 @@
-"""Where the course is published: one repository and one release tag. Every notebook's setup cell
-and "Open in Colab" badge, and every install line and Colab link in the docs, are written from the
-two names below (`minillm course sync`); `minillm course release URL TAG` points them at a fork.
-tests/course/test_release.py fails when a notebook or a doc disagrees with them.
+"""Where the course is published: one repository and one release tag. Every notebook's setup cell,
+"Open in Colab" badge and links to other notebooks, and every install line and Colab link in the
+docs, are written from the two names below (`minillm course sync`); `minillm course release URL TAG`
+points them at a fork. tests/course/test_release.py fails when a notebook or a doc disagrees with them.
 
 The setup cell embeds the names as text, so that it knows them before minillm is installed; only
 the standard library here, so that reading them (the exercise generator, the tests) loads nothing.
@@ -9,6 +9,7 @@ the standard library here, so that reading them (the exercise generator, the tes
 
 from __future__ import annotations
 
+import posixpath
 import re
 
 from minillm.version import __version__
@@ -27,6 +28,10 @@ COLAB_LINK = re.compile(rf"{re.escape(COLAB)}/{_NAME}/{_NAME}/blob/{TAG_PATTERN.
 PIP_REQUIREMENT = re.compile(rf"(?P<requirement>minillm(\[[\w,]+\])?) @ git\+{REPOSITORY_PATTERN.pattern}"
                              rf"@{TAG_PATTERN.pattern}")
 GRADER_IMAGE = re.compile(rf"minillm-grader:{TAG_PATTERN.pattern}")  # INSTRUCTORS.md's container
+# A notebook's link to another notebook of the course, as course_link writes it (label, local path, Colab
+# link), or as a bare Colab link; `target` is the linked notebook's path in the repository.
+COURSE_LINK = re.compile(rf"\[(?P<label>[^\[\]\n]+)\]\((?:(?P<local>[^()\s]+\.ipynb)\) \(\[on Colab\]\()?"
+                         rf"{COLAB_LINK.pattern}(?P<target>[^()\s]+\.ipynb)\)(?(local)\))")
 
 
 def setup_cell(repository: str = REPOSITORY, tag: str = TAG) -> str:
@@ -57,6 +62,19 @@ def colab_url(notebook: str, repository: str = REPOSITORY, tag: str = TAG) -> st
 
 def colab_badge(notebook: str, repository: str = REPOSITORY, tag: str = TAG) -> str:
     return f"[![Open In Colab]({COLAB_BADGE_IMAGE})]({colab_url(notebook, repository, tag)})"
+
+
+def course_link(label: str, notebook: str, target: str, repository: str = REPOSITORY, tag: str = TAG) -> str:
+    """notebook's link to target (both paths in the repository) in two forms: the relative path, which a
+    local JupyterLab opens beside it (and GitHub follows), then Colab's page, since Colab opens each
+    notebook on its own and cannot follow a relative link."""
+    local = posixpath.relpath(target, posixpath.dirname(notebook))
+    return f"[{label}]({local}) ([on Colab]({colab_url(target, repository, tag)}))"
+
+
+def pair_links(text: str, notebook: str, repository: str = REPOSITORY, tag: str = TAG) -> str:
+    """notebook's text with every link to a notebook of the course written by course_link."""
+    return COURSE_LINK.sub(lambda m: course_link(m["label"], notebook, m["target"], repository, tag), text)
 
 
 def pin_links(text: str, repository: str = REPOSITORY, tag: str = TAG) -> str:

@@ -2,7 +2,9 @@
 minillm/course/release.py, after pointing it at a fork for `release`.
 
 In every notebook of notebooks/, solutions/ and exercises/: the setup cell (cell 0), the badge atop
-the title cell (cell 1) and every course link; in the Markdown docs at the top of the repository and
+the title cell (cell 1), every course link, and every link to another notebook in its two forms, local
+and Colab's (release.course_link); in each chapter, the engine's map after the title cell
+(engine_map.py); in the Markdown docs at the top of the repository and
 in those folders: every course link (release.pin_links). exercises/ is rewritten like the others, not
 regenerated, so that a public copy without solutions/ can be synced too; an exercise rewritten so is
 byte for byte what `python -m minillm.grading.exercises` would generate (tests/course/test_release.py).
@@ -14,13 +16,16 @@ import re
 from pathlib import Path
 
 from nbformat import NotebookNode
+from nbformat.v4 import new_markdown_cell
 
-from minillm.course.release import REPOSITORY, TAG, TAG_PATTERN, colab_badge, pin_links, setup_cell, slug
+from minillm.course.engine_map import MAP_HEADING, engine_map
+from minillm.course.release import REPOSITORY, TAG, TAG_PATTERN, colab_badge, pair_links, pin_links, setup_cell, slug
 from minillm.grading.notebook import read, write
 from minillm.version import __version__
 
 NOTEBOOK_FOLDERS = ("notebooks", "solutions", "exercises")
 SOURCE = Path("minillm", "course", "release.py")
+CHAPTER = re.compile(r"notebooks/(?P<number>\d\d)_\w+\.ipynb")  # a chapter gets the engine's map
 
 
 def sync(root: Path, repository: str = REPOSITORY, tag: str = TAG, *, write_files: bool = True) -> list[Path]:
@@ -47,7 +52,8 @@ def sync(root: Path, repository: str = REPOSITORY, tag: str = TAG, *, write_file
 
 
 def _sync_notebook(nb: NotebookNode, notebook: str, repository: str, tag: str) -> bool:
-    """Give nb the setup cell first and the badge atop its title cell; True if anything changed."""
+    """Give nb the setup cell first, the badge atop its title cell and its links to other notebooks in both
+    forms; True if anything changed."""
     before = [cell.source for cell in nb.cells]
     nb.cells[0].source = setup_cell(repository, tag)
     title_lines = nb.cells[1].source.split("\n")
@@ -55,8 +61,19 @@ def _sync_notebook(nb: NotebookNode, notebook: str, repository: str, tag: str) -
         title_lines = title_lines[1:]
     nb.cells[1].source = "\n".join([colab_badge(notebook, repository, tag), *title_lines])
     for cell in nb.cells[1:]:
-        cell.source = pin_links(cell.source, repository, tag)
+        cell.source = pair_links(pin_links(cell.source, repository, tag), notebook, repository, tag)
+    if (chapter := CHAPTER.fullmatch(notebook)) is not None:
+        _place_map(nb, int(chapter["number"]))
     return [cell.source for cell in nb.cells] != before
+
+
+def _place_map(nb: NotebookNode, chapter: int) -> None:
+    """The engine's map with the chapter's parts marked, as the cell after the title (added if missing)."""
+    source = engine_map(chapter)
+    if nb.cells[2].cell_type == "markdown" and nb.cells[2].source.startswith(MAP_HEADING):
+        nb.cells[2].source = source
+    else:
+        nb.cells.insert(2, new_markdown_cell(source))
 
 
 def release(root: Path, repository: str, tag: str, *, write_files: bool = True) -> list[Path]:

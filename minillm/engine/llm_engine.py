@@ -72,7 +72,7 @@ class LLMEngine:
                                                 runner.sampler.generator, self.kv_cache_dtype),
                                 spec.num_speculative_tokens)
         self.spec_decoding_stats = AcceptanceCounts(spec.num_speculative_tokens) if spec else None
-        self.counters = EngineCounters()
+        self.counters = EngineCounters(self.max_model_len)
         # Steps replay CUDA graphs, as in vLLM, where they are made of Triton kernels on a GPU and the
         # attention backend can be captured.
         mode = "NONE" if config.device.enforce_eager else config.device.cudagraph_mode
@@ -115,36 +115,25 @@ class LLMEngine:
         if not batch.seqs:
             return []
         states = self._seq_states(batch) if self.step_listeners else None
-        num_outputs = [seq.num_output_tokens for seq in batch.seqs]
+        before = [(seq.num_output_tokens, seq.metrics.last_token_time) for seq in batch.seqs]
         output = self.model_runner.execute_model(batch)
         outputs = self.output_processor.process_outputs(batch.seqs, output)
         self.scheduler.update(batch, output)
-        self._record_step(batch, output, num_outputs, states)
+        self._record_step(batch, output, before, states)
         return outputs
 
-    def _record_step(self, batch: ScheduledBatch, output: ModelRunnerOutput, num_outputs: list[int],
+    def _record_step(self, batch: ScheduledBatch, output: ModelRunnerOutput, before: list[tuple[int, float | None]],
                      states: list[SeqState] | None) -> None:
-        """The finished step into the counters of get_metrics, then to the step listeners; num_outputs:
-        each sequence's tokens before the step; states: its sequences before it, when someone listens."""
+        """The finished step into the counters of get_metrics, then to the step listeners; before: each
+        sequence's output tokens and last token time before the step; states: its sequences before it,
+        when someone listens."""
         c = self.counters
         c.num_preemptions += len(batch.preempted)
         for drafts, tokens in zip(output.spec_token_ids, output.sampled_token_ids):
             if drafts:  # accepted: what the rejection sampler kept, whether or not a stop cut the run
                 self.spec_decoding_stats.add(len(drafts), len(tokens) - 1)
-        for seq, before in zip(batch.seqs, num_outputs):
-            c.generation_tokens += seq.num_output_tokens - before
-            m = seq.metrics
-            if before == 0 and seq.num_output_tokens:  # its first token: the prompt is done
-                c.prompt_tokens += seq.num_prompt_tokens
-                c.prefix_cache_queries += seq.num_prompt_tokens
-                c.prefix_cache_hits += seq.num_cached_tokens
-                c.time_to_first_token.observe(m.first_token_time - m.arrival_time)
-            if seq.finish_reason is not None:
-                c.request_success[seq.finish_reason] += 1
-                c.e2e_request_latency.observe(m.finished_time - m.arrival_time)
-                if seq.num_output_tokens > 1:
-                    c.time_per_output_token.observe(
-                        (m.last_token_time - m.first_token_time) / (seq.num_output_tokens - 1))
+        for seq, (num_output_tokens, last_token_time) in zip(batch.seqs, before):
+            c.observe(seq, num_output_tokens, last_token_time)
         if states is not None:
             self._notify(self._step_event(batch, states, output))
         self.num_steps += 1

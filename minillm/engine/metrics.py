@@ -11,8 +11,12 @@ from __future__ import annotations
 import bisect
 from collections import Counter as Tally
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from minillm.spec_decode.acceptance import AcceptanceCounts
+
+if TYPE_CHECKING:
+    from minillm.sequence import Sequence
 
 # Seconds, as vLLM buckets its latency histograms (a subset).
 LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
@@ -47,36 +51,105 @@ class Histogram(Metric):
     buckets: dict[str, int]  # upper bound ("+Inf" last) -> observations at or below it, cumulative
 
 
+def one_two_five(limit: int) -> tuple[float, ...]:
+    """1, 2, 5, 10, 20, 50, ... up to limit: vLLM's buckets for token counts, up to the context length."""
+    bounds, scale = [], 1
+    while True:
+        for step in (1, 2, 5):
+            if step * scale > limit:
+                return tuple(bounds)
+            bounds.append(float(step * scale))  # written 1.0, 2.0, ... as Prometheus writes bounds
+        scale *= 10
+
+
 @dataclass
-class LatencyHistogram:
-    counts: list[int] = field(default_factory=lambda: [0] * (len(LATENCY_BUCKETS) + 1))
+class BucketCounts:
+    """Observations counted into buckets with these upper bounds, and one past the last (+Inf)."""
+
+    bounds: tuple[float, ...] = LATENCY_BUCKETS
+    counts: list[int] = field(init=False)
     total: float = 0.0
 
-    def observe(self, seconds: float) -> None:
-        self.counts[bisect.bisect_left(LATENCY_BUCKETS, seconds)] += 1
-        self.total += seconds
+    def __post_init__(self) -> None:
+        self.counts = [0] * (len(self.bounds) + 1)
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.total += value
 
     def metric(self, name: str, labels: dict[str, str]) -> Histogram:
         cumulative, running = {}, 0
-        for bound, count in zip([*map(str, LATENCY_BUCKETS), "+Inf"], self.counts):
+        for bound, count in zip([*map(str, self.bounds), "+Inf"], self.counts):
             running += count
             cumulative[bound] = running
         return Histogram(name, labels, running, self.total, cumulative)
+
+
+# vLLM's request histograms, each (counters' field, metric name); the latencies are in seconds.
+REQUEST_HISTOGRAMS = (
+    ("time_to_first_token", "vllm:time_to_first_token_seconds"),
+    ("inter_token_latency", "vllm:inter_token_latency_seconds"),
+    ("time_per_output_token", "vllm:request_time_per_output_token_seconds"),
+    ("e2e_request_latency", "vllm:e2e_request_latency_seconds"),
+    ("queue_time", "vllm:request_queue_time_seconds"),
+    ("prefill_time", "vllm:request_prefill_time_seconds"),
+    ("decode_time", "vllm:request_decode_time_seconds"),
+    ("inference_time", "vllm:request_inference_time_seconds"),
+    ("prompt_tokens_per_request", "vllm:request_prompt_tokens"),
+    ("generation_tokens_per_request", "vllm:request_generation_tokens"),
+)
 
 
 @dataclass
 class EngineCounters:
     """What the engine adds up while it serves; gauges are read from it when asked."""
 
+    max_model_len: int  # the largest bucket of the token-count histograms
     prompt_tokens: int = 0
     generation_tokens: int = 0
     num_preemptions: int = 0
     prefix_cache_queries: int = 0  # prompt tokens looked up in the prefix cache
     prefix_cache_hits: int = 0
     request_success: Tally = field(default_factory=Tally)  # by finish reason
-    time_to_first_token: LatencyHistogram = field(default_factory=LatencyHistogram)
-    time_per_output_token: LatencyHistogram = field(default_factory=LatencyHistogram)
-    e2e_request_latency: LatencyHistogram = field(default_factory=LatencyHistogram)
+    time_to_first_token: BucketCounts = field(default_factory=BucketCounts)
+    inter_token_latency: BucketCounts = field(default_factory=BucketCounts)  # once per step that adds tokens
+    time_per_output_token: BucketCounts = field(default_factory=BucketCounts)
+    e2e_request_latency: BucketCounts = field(default_factory=BucketCounts)
+    queue_time: BucketCounts = field(default_factory=BucketCounts)  # arrival to first scheduled
+    prefill_time: BucketCounts = field(default_factory=BucketCounts)  # first scheduled to first token
+    decode_time: BucketCounts = field(default_factory=BucketCounts)  # first token to last
+    inference_time: BucketCounts = field(default_factory=BucketCounts)  # first scheduled to last token
+    prompt_tokens_per_request: BucketCounts = field(init=False)
+    generation_tokens_per_request: BucketCounts = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.prompt_tokens_per_request = BucketCounts(one_two_five(self.max_model_len))
+        self.generation_tokens_per_request = BucketCounts(one_two_five(self.max_model_len))
+
+    def observe(self, seq: Sequence, num_output_tokens: int, last_token_time: float | None) -> None:
+        """seq after a step it took part in; num_output_tokens and last_token_time: its state before."""
+        new_tokens = seq.num_output_tokens - num_output_tokens
+        self.generation_tokens += new_tokens
+        m = seq.metrics
+        if num_output_tokens == 0 and new_tokens:  # its first token: the prompt is done
+            self.prompt_tokens += seq.num_prompt_tokens
+            self.prefix_cache_queries += seq.num_prompt_tokens
+            self.prefix_cache_hits += seq.num_cached_tokens
+            self.time_to_first_token.observe(m.first_token_time - m.arrival_time)
+        elif new_tokens:  # as vLLM: one gap per step, however many tokens speculation added in it
+            self.inter_token_latency.observe(m.last_token_time - last_token_time)
+        if seq.finish_reason is None:
+            return
+        self.request_success[seq.finish_reason] += 1
+        self.e2e_request_latency.observe(m.finished_time - m.arrival_time)
+        if seq.num_output_tokens > 1:
+            self.time_per_output_token.observe((m.last_token_time - m.first_token_time) / (seq.num_output_tokens - 1))
+        self.queue_time.observe(m.first_scheduled_time - m.arrival_time)
+        self.prefill_time.observe(m.first_token_time - m.first_scheduled_time)
+        self.decode_time.observe(m.last_token_time - m.first_token_time)
+        self.inference_time.observe(m.last_token_time - m.first_scheduled_time)
+        self.prompt_tokens_per_request.observe(seq.num_prompt_tokens)
+        self.generation_tokens_per_request.observe(seq.num_output_tokens)
 
 
 def collect_metrics(labels: dict[str, str], counters: EngineCounters, num_running: int, num_waiting: int,
@@ -94,9 +167,7 @@ def collect_metrics(labels: dict[str, str], counters: EngineCounters, num_runnin
         Counter("vllm:generation_tokens", labels, c.generation_tokens),
         *(Counter("vllm:request_success", {**labels, "finished_reason": reason}, n)
           for reason, n in sorted(c.request_success.items())),
-        c.time_to_first_token.metric("vllm:time_to_first_token_seconds", labels),
-        c.time_per_output_token.metric("vllm:request_time_per_output_token_seconds", labels),
-        c.e2e_request_latency.metric("vllm:e2e_request_latency_seconds", labels),
+        *(getattr(c, name).metric(metric, labels) for name, metric in REQUEST_HISTOGRAMS),
     ]
     if spec is not None:
         metrics += [Counter("vllm:spec_decode_num_drafts", labels, spec.drafts),

@@ -4,23 +4,26 @@ Routes: POST /v1/completions and /v1/chat/completions (streamed as server-sent e
 `stream: true`), GET /v1/models and /v1/models/{id}, /health (503 once the engine is dead) and
 /metrics (Prometheus); vLLM's POST /tokenize and /detokenize, and GET /version.
 Errors are OpenAI-shaped: 400 for invalid input (the engine's own ValueError message), 401 without
-the API key, 404 for another model's name, 503 when the engine is dead. A client that disconnects
-aborts its requests at once, whether it was streaming or waiting for the whole response.
+the API key, 404 for another model's name, 413 for a body past the limit, 503 when the engine is dead.
+A client that disconnects aborts its requests at once, whether it was streaming or waiting for the
+whole response. Tokenizing and chat templating take time that grows with the prompt, so they run in
+a thread: the event loop, which every client waits on, only moves bytes.
 """
 
 from __future__ import annotations
 
-import secrets
-import time
-from collections.abc import AsyncIterator, Callable
+import asyncio
+from collections.abc import AsyncIterator, Callable, Sequence
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from minillm.async_llm import AsyncLLM, EngineDeadError
 from minillm.entrypoints import serving_chat, serving_completion
 from minillm.entrypoints.cli_args import MAX_BODY_BYTES
+from minillm.entrypoints.middleware import ServerGuard
 from minillm.entrypoints.prometheus import prometheus_text
 from minillm.entrypoints.protocol import (
     ChatCompletionRequest,
@@ -30,7 +33,7 @@ from minillm.entrypoints.protocol import (
     TokenizeRequest,
     error_body,
 )
-from minillm.entrypoints.serving_engine import Indexed, event_stream, now, while_connected
+from minillm.entrypoints.serving_engine import Indexed, Prepared, event_stream, fan_out, now, random_id, while_connected
 from minillm.version import __version__
 
 CLIENT_CLOSED = 499  # nginx's status for a request whose client left; nobody reads it
@@ -42,25 +45,19 @@ def error(status: int, message: str) -> JSONResponse:
 
 
 def build_app(engine: AsyncLLM, served_model_name: str | None = None, api_key: str | None = None,
-              chat_template: str | None = None, max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
+              chat_template: str | None = None, max_body_bytes: int = MAX_BODY_BYTES, *,
+              allowed_origins: Sequence[str] = ("*",), allowed_methods: Sequence[str] = ("*",),
+              allowed_headers: Sequence[str] = ("*",), allow_credentials: bool = False) -> FastAPI:
     """chat_template: a Jinja template replacing the tokenizer's own; max_body_bytes: the largest
-    request body taken (by its Content-Length), 413 past it."""
+    request body taken, 413 past it; allowed_*, allow_credentials: the CORS policy for browsers, with
+    vLLM's defaults (any origin, no credentials)."""
     model = served_model_name or engine.model_name
     app = FastAPI(title="minillm", version="0")
-
-    @app.middleware("http")
-    async def authenticate(request: Request, call_next):
-        # Stamped before the body is read and parsed: a request's time to first token counts from here.
-        request.state.arrival_time = time.time()
-        length = request.headers.get("content-length", "")
-        if length.isdigit() and int(length) > max_body_bytes:
-            return error(413, f"the request body is {int(length):,} bytes; this server takes at most "
-                              f"{max_body_bytes:,} (minillm serve --max-body-bytes)")
-        header = request.headers.get("authorization", "")
-        if api_key is not None and request.url.path.startswith("/v1") and not secrets.compare_digest(
-                header.encode(), f"Bearer {api_key}".encode()):
-            return error(401, "a valid API key is needed: send 'Authorization: Bearer KEY'")
-        return await call_next(request)
+    app.add_middleware(ServerGuard, max_body_bytes=max_body_bytes, api_key=api_key)
+    # Outermost, so that a browser's preflight is answered before the API key is asked for, and the
+    # guard's own errors carry the CORS headers that let a page read them.
+    app.add_middleware(CORSMiddleware, allow_origins=list(allowed_origins), allow_methods=list(allowed_methods),
+                       allow_headers=list(allowed_headers), allow_credentials=allow_credentials)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, e: RequestValidationError) -> JSONResponse:
@@ -112,13 +109,16 @@ def build_app(engine: AsyncLLM, served_model_name: str | None = None, api_key: s
             return error(400, "send either prompt or messages")
         if (tokenizer := engine.get_tokenizer()) is None:
             return error(400, NO_TOKENIZER)
-        try:
+
+        def token_ids() -> list[int]:
             if request.messages is not None:
                 chat = ChatCompletionRequest(messages=request.messages,
                                              add_generation_prompt=request.add_generation_prompt)
-                ids = serving_chat.render(tokenizer, chat, chat_template)["prompt_token_ids"]
-            else:
-                ids = tokenizer(request.prompt, add_special_tokens=request.add_special_tokens)["input_ids"]
+                return serving_chat.render(tokenizer, chat, chat_template)["prompt_token_ids"]
+            return tokenizer(request.prompt, add_special_tokens=request.add_special_tokens)["input_ids"]
+
+        try:
+            ids = await asyncio.to_thread(token_ids)
         except (ValueError, TypeError) as e:
             return error(400, str(e))
         return JSONResponse({"count": len(ids), "max_model_len": engine.llm_engine.max_model_len, "tokens": ids})
@@ -132,34 +132,35 @@ def build_app(engine: AsyncLLM, served_model_name: str | None = None, api_key: s
             return error(400, NO_TOKENIZER)
         return JSONResponse({"prompt": tokenizer.decode(request.tokens)})
 
-    async def serve(request: SamplingRequest, raw: Request, start: Callable, full: Callable,
-                    chunks: Callable) -> Response:
+    async def serve(request: SamplingRequest, raw: Request, prefix: str, prepare: Callable[[], Prepared],
+                    full: Callable, chunks: Callable) -> Response:
         if engine.errored:
             raise engine.dead_error
         if request.model is not None and request.model != model:
             return unknown_model(request.model)
         try:
             request.refuse_unsupported()  # the request's own fields, before any choice is built
-            request_id, count, outputs = start()
+            prepared = await asyncio.to_thread(prepare)
+            request_id = random_id(prefix)
+            outputs = fan_out(engine, request_id, prepared, raw.state.arrival_time)
         except (ValueError, TypeError) as e:
             return error(400, str(e))
         outputs: AsyncIterator[Indexed] = while_connected(raw, outputs)
         if request.stream:
             return StreamingResponse(event_stream(chunks(request, request_id, model, outputs)),
                                      media_type="text/event-stream")
-        body = await full(request, request_id, count, model, outputs)
+        body = await full(request, request_id, prepared, model, outputs)
         return Response(status_code=CLIENT_CLOSED) if body is None else JSONResponse(body)
 
     @app.post("/v1/completions")
     async def completions(request: CompletionRequest, raw: Request) -> Response:
-        return await serve(request, raw, lambda: serving_completion.completion_outputs(
-                           engine, request, raw.state.arrival_time),
+        return await serve(request, raw, "cmpl", lambda: serving_completion.prepare_completion(engine, request),
                            serving_completion.full_response, serving_completion.stream_chunks)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: ChatCompletionRequest, raw: Request) -> Response:
-        return await serve(request, raw, lambda: serving_chat.chat_outputs(
-                           engine, request, chat_template, raw.state.arrival_time),
+        return await serve(request, raw, "chatcmpl",
+                           lambda: serving_chat.prepare_chat(engine, request, chat_template),
                            serving_chat.full_response, serving_chat.stream_chunks)
 
     return app

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 
 # A request body past this is refused before it is read: parsing and tokenizing a body holds the
 # event loop, which every other client waits on, for a time that grows with its size.
@@ -40,11 +41,27 @@ def add_serve_args(p: argparse.ArgumentParser, speculative_args) -> None:
     p.add_argument("--chat-template", default=None, help="a Jinja file replacing the tokenizer's template")
     p.add_argument("--max-body-bytes", type=int, default=MAX_BODY_BYTES,
                    help="the largest request body taken (default 16 MiB); larger ones get a 413")
+    # CORS, under vLLM's flags and with its defaults: which web pages may call the server from a browser.
+    p.add_argument("--allowed-origins", type=_string_list, default=["*"], help='JSON list, e.g. \'["https://a.b"]\'')
+    p.add_argument("--allowed-methods", type=_string_list, default=["*"], help="JSON list of HTTP methods")
+    p.add_argument("--allowed-headers", type=_string_list, default=["*"], help="JSON list of request headers")
+    p.add_argument("--allow-credentials", action="store_true", help="let pages send cookies and credentials")
     for name, kind, text in ENGINE_ARGS:
         p.add_argument("--" + name.replace("_", "-"), type=kind, default=None, help=text)
     p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None)
     p.add_argument("--enforce-eager", action="store_true", default=None, help="no CUDA graphs")
     speculative_args(p)
+
+
+def _string_list(text: str) -> list[str]:
+    """A JSON list of strings, as vLLM takes its CORS flags."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"must be a JSON list of strings, e.g. '[\"*\"]': {e}") from e
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise argparse.ArgumentTypeError(f"must be a JSON list of strings, got {text!r}")
+    return value
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:

@@ -20,7 +20,14 @@ UNSUPPORTED: dict[str, tuple] = {
 }
 
 
+# Strict types, as the schema states them: "3" is not a number, and false is not a token id (an int
+# is still taken where a float is asked for, as JSON writes 1 for 1.0).
+STRICT = ConfigDict(strict=True)
+
+
 class StreamOptions(BaseModel):
+    model_config = STRICT
+
     include_usage: bool = False
 
 
@@ -28,7 +35,7 @@ class SamplingRequest(BaseModel):
     """What completions and chat share. Fields not named here are kept aside (`model_extra`): those
     of UNSUPPORTED are refused, the rest (user, metadata, ...) change nothing and are ignored."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
 
     model: str | None = None
     n: int = Field(1, ge=1, le=MAX_N)
@@ -41,6 +48,7 @@ class SamplingRequest(BaseModel):
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     # vLLM's extras
+    repetition_penalty: float = 1.0
     top_k: int = 0
     min_p: float = 0.0
     min_tokens: int = 0
@@ -61,14 +69,12 @@ class SamplingRequest(BaseModel):
             seed=None if self.seed is None else self.seed + index,
             max_tokens=max_tokens, min_tokens=self.min_tokens, stop=self.stop, stop_token_ids=self.stop_token_ids,
             ignore_eos=self.ignore_eos, logprobs=logprobs, skip_special_tokens=self.skip_special_tokens,
-            include_stop_str_in_output=self.include_stop_str_in_output,
+            include_stop_str_in_output=self.include_stop_str_in_output, presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty, repetition_penalty=self.repetition_penalty,
             output_kind=RequestOutputKind.CUMULATIVE if self.stream else RequestOutputKind.FINAL_ONLY)
 
     def refuse_unsupported(self) -> None:
         """ValueError naming the first field asking for what minillm does not implement."""
-        for name in ("presence_penalty", "frequency_penalty"):
-            if getattr(self, name):
-                raise ValueError(f"{name} is not supported by minillm; it must be 0")
         for name, value in (self.model_extra or {}).items():
             neutral = UNSUPPORTED.get(name)
             if neutral is not None and value is not None and value not in neutral and not (
@@ -84,14 +90,17 @@ class SamplingRequest(BaseModel):
 
 class CompletionRequest(SamplingRequest):
     prompt: str | list[str] | list[int] | list[list[int]]
-    max_tokens: int | None = 16
+    max_tokens: int | None = 16  # 0 only with echo: the prompt alone, scored
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     echo: bool = False
 
+    def refuse_unsupported(self) -> None:
+        super().refuse_unsupported()
+        if self.echo and self.stream:
+            raise ValueError("echo is not supported with stream: true by minillm; leave one out")
+
     def prompts(self) -> list[dict]:
         """The engine's prompts: text, or token ids (one list or several)."""
-        if self.echo:
-            raise ValueError("echo is not supported by minillm; it must be false")
         prompt = self.prompt
         if isinstance(prompt, str):
             return [{"prompt": prompt}]
@@ -139,6 +148,7 @@ class ChatCompletionRequest(SamplingRequest):
 class TokenizeRequest(BaseModel):
     """vLLM's POST /tokenize: a prompt, or chat messages rendered by the chat template."""
 
+    model_config = STRICT
     model: str | None = None
     prompt: str | None = None
     messages: list[dict[str, Any]] | None = None
@@ -147,6 +157,8 @@ class TokenizeRequest(BaseModel):
 
 
 class DetokenizeRequest(BaseModel):
+    model_config = STRICT
+
     model: str | None = None
     tokens: list[int]
 

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 
 from minillm.async_llm import AsyncLLM
 from minillm.entrypoints.protocol import ChatCompletionRequest
-from minillm.entrypoints.serving_engine import Indexed, collect, deltas, fan_out, now, random_id, usage
+from minillm.entrypoints.serving_engine import Indexed, Prepared, collect, deltas, now, prepare, usage
 from minillm.outputs import CompletionOutput, Logprob
 
 
@@ -23,19 +23,15 @@ def render(tokenizer, request: ChatCompletionRequest, chat_template: str | None)
     return {"prompt": text, "prompt_token_ids": tokenizer(text, add_special_tokens=False)["input_ids"]}
 
 
-def chat_outputs(engine: AsyncLLM, request: ChatCompletionRequest, chat_template: str | None,
-                 arrival_time: float) -> tuple[str, int, AsyncIterator[Indexed]]:
-    request_id = random_id("chatcmpl")
-    prompt = render(engine.get_tokenizer(), request, chat_template)
-    outputs = fan_out(engine, request_id, [prompt],
-                      lambda j: request.sampling_params(request.max_new_tokens(), request.num_logprobs(), j), request.n,
-                      arrival_time)
-    return request_id, request.n, outputs
+def prepare_chat(engine: AsyncLLM, request: ChatCompletionRequest, chat_template: str | None) -> Prepared:
+    """The conversation rendered and tokenized, and its choices' parameters, checked; ValueError when invalid."""
+    return prepare(engine, [render(engine.get_tokenizer(), request, chat_template)],
+                   lambda j: request.sampling_params(request.max_new_tokens(), request.num_logprobs(), j), request.n)
 
 
-async def full_response(request: ChatCompletionRequest, request_id: str, count: int, model: str,
+async def full_response(request: ChatCompletionRequest, request_id: str, prepared: Prepared, model: str,
                         outputs: AsyncIterator[Indexed]) -> dict | None:
-    if (final := await collect(outputs, count)) is None:
+    if (final := await collect(outputs, prepared.count)) is None:
         return None  # the client left
     choices = []
     for index in sorted(final):

@@ -5,27 +5,37 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 from minillm.async_llm import AsyncLLM
+from minillm.entrypoints.echo import Echo, echo_prompt
 from minillm.entrypoints.protocol import CompletionRequest
-from minillm.entrypoints.serving_engine import Indexed, collect, deltas, fan_out, now, random_id, usage
+from minillm.entrypoints.serving_engine import Indexed, Prepared, collect, deltas, now, prepare, usage
 from minillm.outputs import CompletionOutput, Logprob
 
 
-def completion_outputs(engine: AsyncLLM, request: CompletionRequest,
-                       arrival_time: float) -> tuple[str, int, AsyncIterator[Indexed]]:
-    """The engine's requests for this body, queued: (response id, choices, outputs); ValueError when invalid."""
-    request_id, prompts = random_id("cmpl"), request.prompts()
-    outputs = fan_out(engine, request_id, prompts,
-                      lambda j: request.sampling_params(request.max_tokens, request.logprobs, j), request.n,
-                      arrival_time)
-    return request_id, len(prompts) * request.n, outputs
+def prepare_completion(engine: AsyncLLM, request: CompletionRequest) -> Prepared:
+    """The body's prompts tokenized and its choices' parameters, checked, and with echo each prompt
+    as sent back; ValueError when invalid. max_tokens 0 with echo generates one token, never shown."""
+    max_tokens = 1 if request.echo and request.max_tokens == 0 else request.max_tokens
+    prepared = prepare(engine, request.prompts(), lambda j: request.sampling_params(max_tokens, request.logprobs, j),
+                       request.n)
+    if request.echo:
+        prepared.echoes = [echo_prompt(engine, prompt, request.logprobs) for prompt in prepared.prompts]
+    return prepared
 
 
-async def full_response(request: CompletionRequest, request_id: str, count: int, model: str,
+async def full_response(request: CompletionRequest, request_id: str, prepared: Prepared, model: str,
                         outputs: AsyncIterator[Indexed]) -> dict | None:
     """The response once every choice finished; None when the client left first."""
-    if (final := await collect(outputs, count)) is None:
+    if (final := await collect(outputs, prepared.count)) is None:
         return None
-    choices = [_choice(i, final[i].outputs[0], final[i].outputs[0].text, 0, request) for i in sorted(final)]
+    if prepared.echoes is None:
+        choices = [_choice(i, final[i].outputs[0], final[i].outputs[0].text, 0, request) for i in sorted(final)]
+        return {"id": request_id, "object": "text_completion", "created": now(), "model": model,
+                "choices": choices, "usage": usage(final, request.n)}
+    if request.max_tokens == 0:  # the prompt alone: the token generated to get here is dropped
+        for out in final.values():
+            out.outputs[0] = CompletionOutput(0, "", [], None, [] if request.logprobs is not None else None,
+                                              "length")
+    choices = [_echoed(i, final[i].outputs[0], prepared.echoes[i // request.n], request) for i in sorted(final)]
     return {"id": request_id, "object": "text_completion", "created": now(), "model": model,
             "choices": choices, "usage": usage(final, request.n)}
 
@@ -53,9 +63,20 @@ def _choice(index: int, completion: CompletionOutput, text: str, offset: int, re
             "stop_reason": completion.stop_reason if finished else None}
 
 
-def _logprobs(entries: list[dict[int, Logprob]]) -> dict:
-    """The legacy format: parallel lists of tokens, their logprobs, and the top alternatives."""
+def _echoed(index: int, completion: CompletionOutput, echo: Echo, request: CompletionRequest) -> dict:
+    """A choice whose text and logprobs start with its prompt's."""
+    choice = _choice(index, completion, echo.text + completion.text, 0, request)
+    if request.logprobs is not None:
+        choice["logprobs"] = _logprobs(echo.logprobs + completion.logprobs, echo.first_token)
+    return choice
+
+
+def _logprobs(entries: list[dict[int, Logprob]], first_token: str | None = None) -> dict:
+    """The legacy format: parallel lists of tokens, their logprobs, and the top alternatives.
+    first_token: an echoed prompt's first token, which has neither logprob nor alternatives (null)."""
     tokens, token_logprobs, top, offsets, position = [], [], [], [], 0
+    if first_token is not None:
+        tokens, token_logprobs, top, offsets, position = [first_token], [None], [None], [0], len(first_token)
     for entry in entries:
         sampled = next(iter(entry.values()))  # the sampled token comes first in each entry
         tokens.append(sampled.decoded_token or "")

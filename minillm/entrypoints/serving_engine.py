@@ -10,6 +10,7 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 
 from starlette.requests import Request
 
@@ -25,11 +26,24 @@ def random_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
-def fan_out(engine: AsyncLLM, request_id: str, prompts: list[dict], params: Callable[[int], SamplingParams],
-            n: int, arrival_time: float) -> AsyncIterator[Indexed]:
-    """Queue choice prompt_index * n + j of every prompt and merge their outputs. Bad input raises
-    ValueError here, before anything is queued; each prompt is tokenized once for its n choices.
-    arrival_time: when the HTTP request reached the server (its TTFT counts from there)."""
+@dataclass
+class Prepared:
+    """One HTTP request, checked and tokenized: its prompts (text and token ids) and each choice's
+    parameters. Choice j of prompt p is the engine's request p * n + j."""
+
+    prompts: list[dict]
+    choice_params: list[SamplingParams]
+    echoes: list | None = None  # completions with echo: each prompt as sent back (echo.Echo)
+
+    @property
+    def count(self) -> int:
+        return len(self.prompts) * len(self.choice_params)
+
+
+def prepare(engine: AsyncLLM, prompts: list[dict], params: Callable[[int], SamplingParams], n: int) -> Prepared:
+    """Tokenizes each prompt once for its n choices and checks everything: ValueError when anything is
+    invalid, before anything is queued. It takes time that grows with the prompt, so the server runs it
+    off the event loop (in a thread; the tokenizer releases the GIL)."""
     choice_params = [params(j) for j in range(n)]
     tokenized = []
     for prompt in prompts:
@@ -40,8 +54,15 @@ def fan_out(engine: AsyncLLM, request_id: str, prompts: list[dict], params: Call
     max_tokens = choice_params[0].max_tokens  # the n choices share it
     for prompt in tokenized:
         check_fits_context(len(prompt["prompt_token_ids"]), max_tokens, engine.llm_engine.max_model_len)
-    queued = {p * n + j: (f"{request_id}-{p * n + j}", prompt, choice_params[j])
-              for p, prompt in enumerate(tokenized) for j in range(n)}
+    return Prepared(tokenized, choice_params)
+
+
+def fan_out(engine: AsyncLLM, request_id: str, prepared: Prepared, arrival_time: float) -> AsyncIterator[Indexed]:
+    """Queue every choice of every prompt and merge their outputs. arrival_time: when the HTTP request
+    reached the server (its TTFT counts from there)."""
+    n = len(prepared.choice_params)
+    queued = {p * n + j: (f"{request_id}-{p * n + j}", prompt, params)
+              for p, prompt in enumerate(prepared.prompts) for j, params in enumerate(prepared.choice_params)}
     streams = {index: engine.add_request(*args, arrival_time) for index, args in queued.items()}
     return _merge(engine, streams, [rid for rid, _, _ in queued.values()])
 

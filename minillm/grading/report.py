@@ -33,19 +33,21 @@ def _cell(value: object) -> str:
 
 
 def summary(rows: list[Row]) -> str:
-    """One line per submission: points, checks passed, and the first problem if any."""
+    """One line per submission: points, checks passed, and its first problem if any, whole: a message of
+    several lines continues on lines of its own, under the column."""
     by_submission: dict[str, list[Row]] = {}
     for row in rows:
         by_submission.setdefault(row.submission, []).append(row)
     width = max([len("submission"), *map(len, by_submission)])
     lines = [f"{'submission':<{width}}  {'points':>9}  {'checks':>7}  first problem"]
+    indent = " " * (width + 2 + 9 + 2 + 7 + 2)
     for name, group in by_submission.items():
         earned = sum(r.points_earned for r in group)
         possible = sum(r.points_possible for r in group)
         passed = sum(r.passed for r in group)
         failed = next((r for r in group if not r.passed), None)
-        problem = f"{failed.check_id}: {failed.message.splitlines()[0] if failed.message else ''}" \
-            if failed else ""
+        problem = f"{failed.check_id}: {failed.message}".rstrip().splitlines() if failed else [""]
         lines.append(f"{name:<{width}}  {f'{earned:g} / {possible:g}':>9}  {f'{passed} / {len(group)}':>7}  "
-                     f"{problem[:70]}")
+                     f"{problem[0]}".rstrip())
+        lines += [indent + line for line in problem[1:]]
     return "\n".join(lines)

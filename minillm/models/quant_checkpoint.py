@@ -28,6 +28,16 @@ _NOT_COPIED = ("*.safetensors", "model.safetensors.index.json", "config.json", "
                *(f"*{suffix}" for suffix in PICKLE_SUFFIXES))
 
 
+def check_output_dir(output_dir: str | Path) -> Path:
+    """The folder save_quantized may write: a new one, or one that holds no model yet."""
+    out = Path(output_dir)
+    if (out / "config.json").exists():
+        raise ValueError(f"output_dir {out} already holds a model (config.json); choose an empty folder")
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"output_dir {out} is a file; choose a new folder")
+    return out
+
+
 def save_quantized(model: CausalLM, source: str | Path, output_dir: str | Path) -> Path:
     """Write `model`, loaded from the folder `source` and quantized (LLM(..., quantization=...) does
     both: pass `llm.llm_engine.model` and `llm.llm_engine.model_path`), to output_dir (created; must
@@ -36,9 +46,7 @@ def save_quantized(model: CausalLM, source: str | Path, output_dir: str | Path) 
     quantized = [m for m in model.modules() if isinstance(m, QuantLinear)]
     if not quantized:
         raise ValueError("the model is not quantized: create it with LLM(model, quantization='int8' or 'int4')")
-    out = Path(output_dir)
-    if (out / "config.json").exists():
-        raise ValueError(f"output_dir {out} already holds a model (config.json); choose an empty folder")
+    out = check_output_dir(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     source = Path(source)
     for file in source.iterdir():

@@ -20,9 +20,9 @@ import torch
 from minillm.sample.sampler import (
     SamplerOutput,
     SamplingMetadata,
-    ban_tokens,
     fill_logprobs,
     per_row_random,
+    restrict,
     sampling_probs,
 )
 from minillm.sequence import Sequence
@@ -97,10 +97,11 @@ class RejectionSampler:
         starts = torch.tensor(list(itertools.accumulate((n + 1 for n in counts[:-1]), initial=0)), device=device)
         row_seqs = [seq for seq, n in zip(seqs, counts) for _ in range(n + 1)]
         offsets = [j for n in counts for j in range(n + 1)]
-        meta = SamplingMetadata.from_seqs(row_seqs, device, offsets)
+        meta = SamplingMetadata.from_seqs(row_seqs, device, offsets, [d[:j] for d in draft_token_ids
+                                                                      for j in range(len(d) + 1)])
         want_logprobs = any(n is not None for n in meta.num_logprobs)
         raw = logits.log_softmax(dim=-1) if want_logprobs else None
-        ban_tokens(logits, meta.banned_token_ids)
+        logits = restrict(logits, meta)
         num = torch.tensor(counts, device=device)
         # Row of each (sequence, position); positions past a sequence's drafts repeat its last row.
         index = starts[:, None] + torch.minimum(torch.arange(k + 1, device=device)[None], num[:, None])

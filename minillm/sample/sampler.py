@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from minillm.sample.penalties import Penalties, apply_penalties
 from minillm.sampling_params import GREEDY_EPS, SamplingParams
 
 # Where the top-p boundary falls exactly on the cumulative sum, float rounding of the softmax
@@ -59,13 +60,21 @@ class SamplingMetadata:
     banned_token_ids: list[list[int]]
     num_logprobs: list[int | None]
     all_greedy: bool  # known on the host, so that a greedy step never waits on the device to decide
+    penalties: Penalties | None = None  # None when no row has any
 
     @classmethod
-    def from_seqs(cls, seqs, device: torch.device, offsets: list[int] | None = None) -> SamplingMetadata:
+    def from_seqs(cls, seqs, device: torch.device, offsets: list[int] | None = None,
+                  drafts: list[list[int]] | None = None) -> SamplingMetadata:
         """A row per sequence; offsets: how many tokens past its end each row samples (speculation
-        verifies several positions of one sequence, and min_tokens may end among them)."""
+        verifies several positions of one sequence, and min_tokens may end among them); drafts: the
+        drafted tokens before each row's position, which its penalties count as output."""
         params = [s.params for s in seqs]
         offsets = offsets or [0] * len(seqs)
+        drafts = drafts or [[] for _ in seqs]
+        # A step where no row asks for a penalty skips them, without reading any sequence's tokens.
+        penalties = Penalties.from_params(params, [s.prompt_token_ids for s in seqs],
+                                          [s.output_token_ids + d for s, d in zip(seqs, drafts)],
+                                          device) if any(p.has_penalties for p in params) else None
 
         def column(name: str, unused: float | None = None) -> torch.Tensor | None:
             values = [getattr(p, name) for p in params]
@@ -82,6 +91,7 @@ class SamplingMetadata:
             banned_token_ids=[s.banned_token_ids(o) for s, o in zip(seqs, offsets)],
             num_logprobs=[p.logprobs for p in params],
             all_greedy=all(p.greedy for p in params),
+            penalties=penalties,
         )
 
 
@@ -102,6 +112,13 @@ def ban_tokens(logits: torch.Tensor, banned_token_ids: list[list[int]]) -> None:
         # A stop token id past the vocabulary can never be sampled, so there is nothing to ban.
         if banned := [i for i in banned if i < vocab]:
             logits[row, banned] = -math.inf
+
+
+def restrict(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
+    """What every row samples from before temperature and the filters: banned tokens out (in place),
+    then the penalties. Logprobs are read before it, from the model's own logits, as vLLM does."""
+    ban_tokens(logits, meta.banned_token_ids)
+    return logits if meta.penalties is None else apply_penalties(logits, meta.penalties)
 
 
 def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
@@ -137,7 +154,7 @@ class Sampler:
         """logits: [B, vocab] float32 -> one token per row."""
         want_logprobs = any(n is not None for n in meta.num_logprobs)
         raw_logprobs = logits.log_softmax(dim=-1) if want_logprobs else None
-        ban_tokens(logits, meta.banned_token_ids)
+        logits = restrict(logits, meta)
         tokens = logits.argmax(dim=-1) if meta.all_greedy else self._sample(logits, meta)
         out = SamplerOutput(token_ids=tokens.tolist())
         if raw_logprobs is not None:

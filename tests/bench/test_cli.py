@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from minillm.cli import main
+
 
 def minillm(*args: str, timeout: int = 120) -> subprocess.CompletedProcess:
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
@@ -37,6 +39,28 @@ def test_bad_input_is_a_one_line_error_not_a_traceback():
     assert "top_p must be in (0, 1], got 1.5" in result.stderr and "Traceback" not in result.stderr
     result = minillm("generate", "x", "--model", "no-such-model")
     assert result.returncode == 2 and "unknown model 'no-such-model'" in result.stderr
+
+
+def test_bad_values_are_refused_before_a_model_loads(tmp_path, monkeypatch, capsys):
+    """Loading a model takes seconds to minutes: every value the command line can check is checked first."""
+    import minillm
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("a model was loaded before the arguments were checked")
+
+    monkeypatch.setattr(minillm, "LLM", no_model)
+    (tmp_path / "config.json").write_text("{}")
+    cases = [(["generate", "x", "--temperature", "-1"], "temperature must be"),
+             (["generate", "x", "--max-tokens", "0"], "--max-tokens: the value must be an integer >= 1, got 0"),
+             (["quantize", "--quantization", "int8", "--output", str(tmp_path)], "already holds a model"),
+             (["eval", "perplexity", "--window", "0"], "argument --window"),
+             (["eval", "acceptance", "-k", "-2"], "argument -k"),
+             (["bench", "decode", "--steps", "zero"], "must be an integer, got 'zero'")]
+    for argv, message in cases:
+        with pytest.raises(SystemExit) as exit_info:
+            main(argv)
+        assert exit_info.value.code == 2, argv
+        assert message in capsys.readouterr().err, argv
 
 
 def test_serve_hands_the_scheduling_policy_to_the_engine():

@@ -1,6 +1,7 @@
-"""The chapters read as one book: one title style, a Colab-safe link to the next chapter, questions
-whose answers are in ANSWERS.md (never in the learner's notebook), and a map that lists them. The long
-documents beside them open with a table of contents that lists their sections."""
+"""The chapters read as one book: one title style, links to the next chapter and to the exercise that
+work both in a local JupyterLab (relative) and on Colab, questions whose answers are in ANSWERS.md
+(never in the learner's notebook), in chapter order, and a map that lists them. The long documents
+beside them open with a table of contents that lists their sections."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import nbformat
 import pytest
 from notebook_runs import ROOT
 
-from minillm.course.release import colab_url
+from minillm.course.engine_map import MARK, engine_map
+from minillm.course.release import COURSE_LINK, colab_badge, course_link
 
 CHAPTERS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 TITLE = re.compile(r"^# (\d\d) · (.+)$", re.M)
@@ -49,14 +51,41 @@ def test_each_chapter_has_the_title_style_and_questions_answered_for_instructors
     asked = questions(text)
     assert asked and asked == answers(path.name[:2]), (
         f"{path.name}: questions {asked} but ANSWERS.md answers {answers(path.name[:2])}")
-    relative = re.findall(r"\]\((?!https?://)[^)]*\.ipynb\)", text)
-    assert not relative, f"{path.name}: relative notebook links break on Colab: {relative}"
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.name)
+def test_each_link_to_a_notebook_opens_it_locally_and_on_colab(path):
+    """A relative link alone breaks on Colab, which opens each notebook on its own; a Colab link alone
+    takes a local learner out of JupyterLab. Every link to a notebook is both (`minillm course sync`)."""
+    text = markdown(path)
+    for link in COURSE_LINK.finditer(text):
+        assert link["local"], f"{path.name}: {link[0]} has no local link; run `minillm course sync`"
+        assert (path.parent / link["local"]).resolve() == ROOT / link["target"], link[0]
+        assert (ROOT / link["target"]).is_file(), f"{path.name}: {link[0]} links a notebook that does not exist"
+    rest = COURSE_LINK.sub("", text).replace(colab_badge(f"notebooks/{path.name}"), "")  # the badge opens itself
+    single = re.findall(r"\]\([^)\s]*\.ipynb\)", rest)
+    assert not single, f"{path.name}: links to a notebook in one form only; run `minillm course sync`: {single}"
 
 
 @pytest.mark.parametrize("path, following", zip(CHAPTERS, CHAPTERS[1:]), ids=lambda p: p.name)
-def test_each_chapter_links_the_next_one_on_colab(path, following):
-    link = f"**Next: [{title(following)}]({colab_url(f'notebooks/{following.name}')})**"
+def test_each_chapter_links_the_next_one(path, following):
+    link = f"**Next: {course_link(title(following), f'notebooks/{path.name}', f'notebooks/{following.name}')}**"
     assert link in markdown(path), f"{path.name} must end with {link}"
+
+
+@pytest.mark.parametrize("exercise", sorted((ROOT / "exercises").glob("[0-9][0-9]_*.ipynb")), ids=lambda p: p.name)
+def test_each_exercise_is_linked_from_its_chapter(exercise):
+    [chapter] = (ROOT / "notebooks").glob(f"{exercise.name[:2]}_*.ipynb")
+    targets = [link["target"] for link in COURSE_LINK.finditer(markdown(chapter)) if link["local"]]
+    assert f"exercises/{exercise.name}" in targets, f"{chapter.name} must link {exercise.name}, locally and on Colab"
+
+
+def test_the_answers_are_in_chapter_order():
+    text = (ROOT / "ANSWERS.md").read_text()
+    for part in text.split("\n## ")[1:]:
+        numbers = re.findall(r"^### (?:Exercise )?(\d\d)\b", part, re.M)
+        assert numbers == sorted(numbers) and len(set(numbers)) == len(numbers), (
+            f"ANSWERS.md, '## {part.splitlines()[0]}': sections {numbers} must run in chapter order, once each")
 
 
 def test_the_course_map_lists_every_chapter_in_order():
@@ -64,6 +93,28 @@ def test_the_course_map_lists_every_chapter_in_order():
     places = [text.find(title(path)) for path in CHAPTERS]
     assert -1 not in places, f"notebooks/README.md lacks {[title(p) for p, i in zip(CHAPTERS, places) if i < 0]}"
     assert places == sorted(places)
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.name)
+def test_each_chapter_opens_with_the_engine_map_marking_its_parts(path):
+    cells = nbformat.read(path, as_version=4).cells
+    expected = engine_map(int(path.name[:2]))
+    assert MARK in expected, f"engine_map.PARTS marks no part for chapter {path.name[:2]}"
+    assert cells[2].source == expected, f"{path.name}: the cell after the title must be the engine's map; run " \
+                                        "`minillm course sync`"
+
+
+def test_each_glossary_term_is_used_by_the_chapters_it_cites():
+    """A glossary entry sends the reader to chapters: its first name must appear in each of them."""
+    text = (ROOT / "notebooks" / "GLOSSARY.md").read_text()
+    chapters = {path.name[:2]: markdown(path).lower() for path in CHAPTERS}
+    for entry in text.split("\n## ")[1:]:
+        heading, body = entry.split("\n", 1)
+        cited = re.fullmatch(r".*\bChapters? ([\d, and]+)\.", body.strip(), re.S)
+        assert cited, f"GLOSSARY.md, {heading!r}: end with the chapter(s) it is taught in, 'Chapter NN.'"
+        term = re.split(r",| \(", heading)[0].lower()
+        for number in re.findall(r"\d\d", cited[1]):
+            assert term in chapters[number], f"GLOSSARY.md cites chapter {number} for {heading!r}, which never says it"
 
 
 def anchor(heading: str) -> str:

@@ -3,12 +3,13 @@ Chromium runs all the cells of one, and its widget must show its controls and it
 answer them, and leave no error in the notebook, the page or its console. Two chapters run whole:
 CacheGrowth (01_kv_cache) answers its unit toggle and its step slider, QuantError (06_quantization)
 its layer dropdown and its method toggle. The other views run in short notebooks written here (their
-chapters' cells generate for minutes on a CPU), and each answers its step slider: BlockPool follows
-an engine whose prefix cache already holds the requests' shared prompt (shared and cached blocks),
-BatchSlots one given more requests than max_num_seqs (some wait), DraftAcceptance a speculating
-engine, ServingDashboard a server in the kernel under a burst of requests sent with the openai
-client; and Roofline (chapter 08 measures a larger model) shows a small `bench decode` run on the
-shipped model and answers its series toggle.
+chapters' cells generate for minutes on a CPU), and each answers its step slider, which starts at
+the run's step 0 whatever the engine ran before: BlockPool follows an engine whose prefix cache
+already holds the requests' shared prompt (shared and cached blocks), BatchSlots one given more
+requests than max_num_seqs (some wait), each of its 8 slots drawn tall enough to read,
+DraftAcceptance a speculating engine, ServingDashboard a server in the kernel under a burst of
+requests sent with the openai client; and Roofline (chapter 08 measures a larger model) shows a
+small `bench decode` run on the shipped model and answers its series toggle.
 
 Needs Debian's Chromium (/usr/bin/chromium) and playwright; without them the tests skip, unless
 MINILLM_REQUIRE_BROWSER=1 (.ci/run sets it) makes that a failure. Screenshots are written to
@@ -39,6 +40,7 @@ from notebook_runs import NOTEBOOK_ENV, ROOT
 
 from minillm.models.loader import resolve_model_path
 from minillm.quant import INT4_GROUP_SIZES
+from minillm.widgets.batch_slots import FILL, ROW_PX
 
 try:
     from playwright.sync_api import expect, sync_playwright
@@ -91,18 +93,18 @@ first = llm.generate(prompts[:1], params)""",
     "outputs = llm.generate(prompts[1:], params)",
 ]
 
-# The cells of a notebook that shows BatchSlots live: five requests of different lengths for two
-# slots, so three wait at first and each freed slot is refilled.
+# The cells of a notebook that shows BatchSlots live: twelve requests of different lengths for eight
+# slots, as in chapter 04, so four wait at first and each freed slot is refilled; tens of steps.
 BATCH_SLOTS_CELLS = [
     """import os
 
 from minillm import LLM, SamplingParams
 from minillm.widgets import BatchSlots
 
-llm = LLM(os.environ["MINILLM_MODEL"], max_num_seqs=2, max_model_len=128)""",
+llm = LLM(os.environ["MINILLM_MODEL"], max_num_seqs=8, max_model_len=128)""",
     "view = BatchSlots(llm)\nview",
-    """prompts = [{"prompt_token_ids": list(range(10, 10 + n))} for n in (8, 20, 12, 16, 10)]
-params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in (4, 10, 6, 3, 5)]
+    """prompts = [{"prompt_token_ids": list(range(10, 10 + n))} for n in (8, 20, 12, 16, 10, 14, 18, 9, 11, 13, 15, 17)]
+params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in (16, 40, 24, 12, 20, 48, 32, 28, 36, 16, 24, 44)]
 outputs = llm.generate(prompts, params)""",
 ]
 
@@ -214,12 +216,13 @@ def test_batch_slots_renders_and_responds_in_jupyterlab(tmp_path: Path) -> None:
     with notebook_run_in_lab(tmp_path, notebook) as (page, shots):
         widget = widget_output(page, "view = BatchSlots(llm)", shots, "batch_slots", controls=(".widget-slider",))
         title = widget.locator("text.gtitle")
-        squares = widget.locator(".js-plotly-plot .scatterlayer .point")  # one per request and step, and rings
-        expect(title).to_contain_text("Batch slots · 2 of max_num_seqs=2 used")
+        squares = widget.locator(".js-plotly-plot .barlayer .point")  # one per request and step
+        expect(title).to_contain_text("Batch slots · 8 of max_num_seqs=8 used")
         expect(title).to_contain_text(", 0 waiting · ")
         whole_run = squares.count()
+        check_slots_readable(widget, squares, slots=8)
         check_slider_scrubs(widget, shots, "batch_slots", lambda step: f"step {step}: ")
-        expect(title).to_contain_text("2 running, 28 prefill + 0 decode tokens, 3 waiting")
+        expect(title).to_contain_text("8 running, 107 prefill + 0 decode tokens, 4 waiting")
         assert squares.count() < whole_run, "the first step should show fewer squares than the whole run"
 
 
@@ -405,12 +408,22 @@ def check_roofline_responds(widget: Locator, shots: Path) -> None:
     expect(points).to_have_count(6)
 
 
+def check_slots_readable(widget: Locator, squares: Locator, slots: int) -> None:
+    """As drawn on the page, each slot has its ROW_PX pixels and each square is FILL of them tall,
+    however many steps share the width: 8 slots of a long run once got about 50 px between them."""
+    plot_px = widget.locator(".js-plotly-plot .nsewdrag").first.bounding_box()["height"]
+    assert plot_px >= slots * ROW_PX - 1, f"{slots} slots drawn in {plot_px:.0f} px, under {ROW_PX} px each"
+    heights = squares.evaluate_all("els => els.map(e => e.getBoundingClientRect().height)")
+    assert heights and min(heights) >= ROW_PX * FILL - 1, f"squares {min(heights):.0f} px tall, not {ROW_PX * FILL:.0f}"
+
+
 def check_slider_scrubs(widget: Locator, shots: Path, name: str, caption: Callable[[str], str]) -> None:
     """Once the run is over, the slider is at its last step and the title's caption (`caption(step)`)
-    says so; the slider's Home key takes both back to the first step, through the kernel."""
+    says so; the slider's Home key takes both back to the first step, 0, through the kernel."""
     title = widget.locator("text.gtitle")
     slider = widget.locator(".widget-slider")
     last, first = slider_bound(slider, "max"), slider_bound(slider, "min")
+    assert first == "0", f"the slider should start at the run's first step, 0, not at the engine's step {first}"
     assert first != last, "the run should have more than one step"
     expect(slider.locator(".widget-readout")).to_have_text(last)
     expect(title).to_contain_text(caption(last))

@@ -335,10 +335,15 @@ def test_unreadable_or_checkless_submissions_are_reported_not_fatal(tmp_path):
     assert row.message.startswith("not run: the notebook has no check cells")
 
 
-def test_summary_adds_up_each_submission():
+def test_summary_adds_up_each_submission_and_shows_its_whole_first_problem():
+    long = ("CheckFailed: attend(q, k, v) differs from the reference by 0.31 at position 7: the mask lets "
+            "each query see the keys after it, so the future leaks into the past")
     rows = [Row("a.ipynb", "one", True, 2.0, 2.0, ""),
-            Row("a.ipynb", "two", False, 0.0, 3.0, "CheckFailed: wrong\n  on input: ..."),
+            Row("a.ipynb", "two", False, 0.0, 3.0, f"{long}\n  on input: 2 sequences of 5 tokens"),
+            Row("a.ipynb", "three", False, 0.0, 1.0, "CheckFailed: not shown, the first problem is"),
             Row("b.ipynb", "one", True, 2.0, 2.0, "")]
-    header, a, b = summary(rows).splitlines()
-    assert a.split() == ["a.ipynb", "2", "/", "5", "1", "/", "2", "two:", "CheckFailed:", "wrong"]
+    header, a, a_input, b = summary(rows).splitlines()
+    assert a.split()[:7] == ["a.ipynb", "2", "/", "6", "1", "/", "3"] and a.endswith(f"two: {long}")
+    assert a_input.strip() == "on input: 2 sequences of 5 tokens"
+    assert a_input.index("on input") == header.index("first problem") + 2, "continued under its column"
     assert b.split() == ["b.ipynb", "2", "/", "2", "1", "/", "1"]

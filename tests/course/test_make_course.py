@@ -1,7 +1,9 @@
 """README's first command, `make course`, serves JupyterLab: started here headless on a free port, as
 whichever user runs the suite (root in CI and in containers, where JupyterLab refuses to start
-unless allowed to), it must answer HTTP. Uses this interpreter's environment as is, never
-reinstalling it."""
+unless allowed to), it must answer HTTP, with the whole course in its file browser (chapters,
+exercises, solutions) and chapter 00 the page it opens. Uses this interpreter's environment as is,
+never reinstalling it, and leaves the checkout's git settings alone (test_notebook_filter.py checks
+the filter `make course` sets up)."""
 
 from __future__ import annotations
 
@@ -23,10 +25,11 @@ START_SECONDS = 60  # about 5 s on an idle 2-core machine
 
 
 def make_course(*course_args: str, dry_run: bool = False) -> list[str]:
-    # VENV is this interpreter's environment, and -o keeps make from reinstalling it.
+    # VENV is this interpreter's environment; -o keeps make from reinstalling it and from setting up the
+    # checkout's git filter.
     venv = Path(sys.prefix)
     return ["make", "--no-print-directory", *(["-n"] if dry_run else []), "-C", str(ROOT), f"VENV={venv}",
-            "-o", f"{venv}/.installed", "course", f"COURSE_ARGS={' '.join(course_args)}"]
+            "-o", f"{venv}/.installed", "-o", "notebook-filter", "course", f"COURSE_ARGS={' '.join(course_args)}"]
 
 
 def free_port() -> int:
@@ -58,6 +61,12 @@ def test_make_course_serves_jupyterlab(tmp_path):
         assert "started" in status, status
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/lab?token={TOKEN}", timeout=10) as page:
             assert page.status == 200 and b"JupyterLab" in page.read()
+        course = ["notebooks/00_welcome.ipynb", "exercises/01_kv_cache.ipynb"]
+        course += ["solutions/01_kv_cache.ipynb"] if (ROOT / "solutions").is_dir() else []
+        for path in course:
+            assert contents(port, path)["type"] == "notebook", f"{path} is not in JupyterLab's file browser"
+        [opened] = (tmp_path / "run").glob("jpserver-file-to-run-*-open.html")
+        assert "/lab/tree/notebooks/00_welcome.ipynb" in opened.read_text(), "chapter 00 must open first"
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         try:
@@ -65,6 +74,14 @@ def test_make_course_serves_jupyterlab(tmp_path):
         except subprocess.TimeoutExpired:
             os.killpg(server.pid, signal.SIGKILL)
             server.wait()
+
+
+def contents(port: int, path: str) -> dict:
+    """What JupyterLab's file browser knows of path (its contents API; HTTP 404 if it is outside the root)."""
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/api/contents/{path}?content=0",
+                                     headers={"Authorization": f"token {TOKEN}"})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.load(response)
 
 
 def wait_for_status(port: int, server: subprocess.Popen, log: Path) -> dict:

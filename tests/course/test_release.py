@@ -1,6 +1,6 @@
-"""The course names one repository and tag (minillm/course/release.py): every setup cell, badge and doc line
-agrees with it, the setup cell installs only on Colab and only when the right minillm is missing,
-and `minillm course release URL TAG` moves all of it to a fork."""
+"""The course names one repository and tag (minillm/course/release.py): every setup cell, badge, link between
+notebooks (relative and Colab's) and doc line agrees with it, the setup cell installs only on Colab and only
+when the right minillm is missing, and `minillm course release URL TAG` moves all of it to a fork."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from IPython.core.inputtransformer2 import TransformerManager
 
 import minillm.version
 from minillm import cli
-from minillm.course.release import REPOSITORY, TAG, setup_cell
+from minillm.course.release import REPOSITORY, TAG, colab_url, course_link, setup_cell
 from minillm.course.sync import checked_release, release, sync
 from minillm.grading import exercises
 from minillm.grading.notebook import read, write
@@ -60,6 +60,29 @@ def test_the_drift_check_names_a_stale_setup_cell_badge_and_install_line(tmp_pat
     assert sync(root, write_files=False) == [instructors, welcome, solution]
     assert sync(root) == [instructors, welcome, solution]
     assert sync(root, write_files=False) == []
+
+
+NEXT = ("01 · The KV cache", "notebooks/00_welcome.ipynb", "notebooks/01_kv_cache.ipynb")  # chapter 00's last link
+
+
+def test_a_link_to_a_notebook_is_relative_for_jupyterlab_then_colabs():
+    assert course_link(*NEXT) == f"[01 · The KV cache](01_kv_cache.ipynb) ([on Colab]({colab_url(NEXT[2])}))"
+    assert course_link("Exercise 01", "notebooks/01_kv_cache.ipynb", "exercises/01_kv_cache.ipynb").startswith(
+        "[Exercise 01](../exercises/01_kv_cache.ipynb) ([on Colab](https://colab.research.google.com/github/")
+
+
+def test_sync_writes_a_colab_only_link_in_both_forms(tmp_path):
+    root = course_copy(tmp_path)
+    sync(root)
+    welcome = root / "notebooks" / "00_welcome.ipynb"
+    nb = read(welcome)
+    [cell] = [c for c in nb.cells if course_link(*NEXT) in c.source]
+    cell.source = cell.source.replace(course_link(*NEXT), f"[{NEXT[0]}]({colab_url(NEXT[2], tag='v0.0.9')})")
+    write(nb, welcome)
+    assert sync(root, write_files=False) == [welcome]
+    assert sync(root) == [welcome]
+    assert course_link(*NEXT) in read(welcome).cells[nb.cells.index(cell)].source
+    assert sync(root) == []
 
 
 @pytest.mark.parametrize("on_colab, importable, installs", [
@@ -112,6 +135,7 @@ def test_release_points_every_file_at_a_fork(tmp_path):
     assert "colab.research.google.com/github/some-university/llm-course/blob/v" in read(
         root / "exercises" / "01_kv_cache.ipynb").cells[1].source
     assert f"minillm-grader:{FORK_TAG}" in (root / "INSTRUCTORS.md").read_text()
+    assert course_link(*NEXT, FORK, FORK_TAG) in "\n".join(c.source for c in read(root / NEXT[1]).cells)
     assert exercises.drift(root) == [], "exercises/ must stay what the generator makes of solutions/"
     assert sync(root, FORK, FORK_TAG, write_files=False) == []
     assert release(root, FORK, FORK_TAG) == []

@@ -4,11 +4,14 @@ versions (tests/course/test_widgets_colab.py)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import plotly.graph_objects as go
 
 from minillm import LLM, SamplingParams
 from minillm.engine.trace import SeqState, StepEvent, Trace, TraceInfo
 from minillm.widgets import BatchSlots, batch_slots_figure, request_color
+from minillm.widgets.batch_slots import FILL, ROW_PX
 
 INFO = TraceInfo(model="tiny", device="cpu", dtype="float32", kv_cache="paged", kv_bytes_per_token=100,
                  device_memory_bytes=10**9, max_model_len=64, max_num_seqs=3, block_size=4, num_kv_blocks=12)
@@ -32,11 +35,16 @@ def hand_trace() -> Trace:
 
 
 def cells(fig: go.Figure) -> dict[str, list[tuple]]:
-    """legend name -> (step, slot, opacity or None) of each marker."""
+    """legend name -> (step, slot, opacity or None) of each square (a bar: its slot is the middle of
+    its span) or marker (the end of a finished request's step, a preemption's cross)."""
     out = {}
     for trace in fig.data:
-        opacity = trace.marker.opacity if isinstance(trace.marker.opacity, tuple) else [None] * len(trace.x)
-        out[trace.name] = list(zip(trace.x, trace.y, opacity))
+        if trace.type == "bar":
+            assert trace.width == 1 and all(h == FILL for h in trace.y)  # a whole step wide, FILL of a slot tall
+            slots = [round(base + FILL / 2, 9) for base in trace.base]
+            out[trace.name] = list(zip(trace.x, slots, trace.marker.opacity))
+        else:
+            out[trace.name] = [(x, y, None) for x, y in zip(trace.x, trace.y)]
     return out
 
 
@@ -46,7 +54,7 @@ def test_requests_keep_their_slot_and_freed_slots_are_refilled() -> None:
     assert got["request 1"] == [(0, 0, 1.0), (1, 0, 1.0), (2, 0, 1.0), (4, 1, 0.4)]
     assert got["request 0"] == [(0, 1, 0.4), (1, 1, 0.4), (2, 1, 1.0)]
     assert got["request 2"] == [(3, 0, 0.4), (4, 0, 1.0)]
-    assert got["preempted"] == [(3, 0, None)] and got["finished"] == [(2, 1, None)]
+    assert got["preempted"] == [(3, 0, None)] and got["finished"] == [(2.5, 1, None)]  # the end of step 2
     colors = {t.name: t.marker.color for t in fig.data}
     assert colors["request 2"] == request_color("2")
     hover = {t.name: t.hovertext for t in fig.data}
@@ -77,3 +85,19 @@ def test_live_on_a_real_engine_with_chunks_and_preemption() -> None:
     assert got["preempted"] and len(got["finished"]) == 6
     assert any(0 < s.prefill_tokens < 40 for e in events for s in e.seqs)  # a chunk, not a whole prompt
     assert repr(view).startswith("BatchSlots(steps=")
+
+
+def test_every_slot_gets_the_same_height_however_long_the_run() -> None:
+    """Chapter 04's case, 8 slots over hundreds of steps, gets as many pixels per slot as a short run.
+    Squares sized by the step width once drew those 8 slots in about 50 px, too flat to tell a prompt
+    chunk (pale) from a decode (solid)."""
+    # 80 requests in turn, 8 at a time, each a prompt step and 39 decodes.
+    events = [StepEvent(i, tuple(run(str(i // 40 * 8 + r), prefill=16 * (i % 40 == 0), decode=int(i % 40 > 0),
+                                     finish="length" if i % 40 == 39 else None) for r in range(8)), 0)
+              for i in range(400)]
+    for trace, num_slots in ((Trace(dataclasses.replace(INFO, max_num_seqs=8), events), 8), (hand_trace(), 2)):
+        fig = batch_slots_figure(trace)
+        assert fig.layout.yaxis.range == (num_slots - 0.5, -0.5)
+        plot_px = fig.layout.height - fig.layout.margin.t - fig.layout.margin.b
+        assert plot_px / num_slots == ROW_PX >= 30
+        assert {h * ROW_PX for t in fig.data if t.type == "bar" for h in t.y} == {FILL * ROW_PX}  # 24 px squares

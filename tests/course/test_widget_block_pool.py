@@ -93,3 +93,21 @@ def test_a_large_pool_draws_its_first_blocks() -> None:
     big = Trace(TraceInfo(**{**vars(INFO), "num_kv_blocks": 5000}), hand_trace().events)
     fig = block_pool_figure(big, max_blocks=64)
     assert sum(len(t.x) for t in fig.data) == 64 and "blocks 0-63 of 5000" in fig.layout.title.text
+
+
+def test_squares_stay_readable_and_the_legend_has_room() -> None:
+    """The default pool drawn (1024 blocks) keeps 14 px squares, in as many rows as that takes, and
+    the legend of every request of the run gets rows of its own below the grid, at every step."""
+    info = TraceInfo(**{**vars(INFO), "num_kv_blocks": 1024})
+    events = [StepEvent(i, tuple(state(str(r), (r,), 1) for r in range(i * 8, i * 8 + 8)), 0) for i in range(4)]
+    heights = set()
+    for step in range(4):
+        fig = block_pool_figure(Trace(info, events), step=step)
+        columns, rows = fig.layout.xaxis.range[1], fig.layout.yaxis.range[0]
+        assert (columns, rows) == (40, 26) and {t.marker.size for t in fig.data} == {14}
+        plot_px = fig.layout.height - fig.layout.margin.t - fig.layout.margin.b
+        assert plot_px >= (rows + 1) * 14 and fig.layout.margin.b >= 6 * 20  # 33 legend entries: 6 rows
+        heights.add(fig.layout.height)
+    assert len(heights) == 1
+    few = block_pool_figure(Trace(info, events[:1]))  # 9 legend entries: 2 rows
+    assert fig.layout.margin.b - few.layout.margin.b >= 4 * 20

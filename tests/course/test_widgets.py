@@ -6,6 +6,7 @@ nothing here may depend on the main environment's versions.
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -23,9 +24,12 @@ from minillm.widgets import (
     figure_host,
     format_bytes,
     format_percent,
+    format_token,
     live,
     request_color,
 )
+from minillm.widgets.block_pool import FREE_COLOR
+from minillm.widgets.colors import TOTAL_COLOR
 
 BYTES_PER_TOKEN = 1024
 INFO = TraceInfo(model="tiny", device="cpu", dtype="float32", kv_cache="contiguous",
@@ -87,8 +91,53 @@ def test_format_percent(fraction: float, text: str) -> None:
     assert format_percent(fraction) == text
 
 
+@pytest.mark.parametrize("token, label", [
+    ("\n   ", "\\n␣␣␣"), ("\n       ", "\\n␣×7"), ("\n\n       ", "\\n\\n␣×7"), (" ", "␣"), ("\n", "\\n"),
+    (" the", "␣the"), ("    return", "␣×4return"), ("a\tb", "a\\tb"), ("\x00", "\\x00"), ("é", "é"), ("", "")])
+def test_format_token_shows_whitespace(token: str, label: str) -> None:
+    assert format_token(token) == label
+
+
+def test_format_token_tells_chapter_00s_top_tokens_apart() -> None:
+    """The tiny model's ten likeliest tokens after "def fibonacci(n):" are a newline and runs of
+    spaces; drawn as an SVG label collapses them (every run of spaces to one), four read the same."""
+    tokens = ["\n   ", "\n       ", "\n               ", "\n           ", "\n                   ",
+              "\n                       ", "\n                           ", " ", "\n", "\n\n       "]
+    labels = [format_token(t) for t in tokens]
+    assert len({" ".join(label.split()) for label in labels}) == len(tokens)  # distinct, even collapsed
+    assert not any(c.isspace() for label in labels for c in label)
+
+
+def srgb_to_lab(color: str) -> tuple[float, float, float]:
+    """CIELAB (D65) of a "#rrggbb" colour, by the sRGB and CIE formulas."""
+    rgb = [int(color[i:i + 2], 16) / 255 for i in (1, 3, 5)]
+    r, g, b = [c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4 for c in rgb]
+    # Rows of the sRGB -> XYZ matrix, each with the D65 white point's coordinate that scales it.
+    rows = ((0.4124, 0.3576, 0.1805, 0.95047), (0.2126, 0.7152, 0.0722, 1.0), (0.0193, 0.1192, 0.9505, 1.08883))
+    xyz = [(x * r + y * g + z * b) / white for x, y, z, white in rows]
+    fx, fy, fz = [t ** (1 / 3) if t > (6 / 29) ** 3 else t / (3 * (6 / 29) ** 2) + 4 / 29 for t in xyz]
+    return 116 * fy - 16, 500 * (fx - fy), 200 * (fy - fz)
+
+
+def color_difference(a: str, b: str) -> float:
+    """CIE76 delta E: 2.3 is just noticeable; 20 and more tells two squares apart at a glance."""
+    return sum((x - y) ** 2 for x, y in zip(srgb_to_lab(a), srgb_to_lab(b))) ** 0.5
+
+
+def test_32_requests_in_a_row_get_clearly_different_colors() -> None:
+    """Chapter 04 runs 24 requests, 8 at a time; a palette of 10 gave requests 0 and 10, 1 and 11,
+    5 and 15 the same colour. Any 32 consecutive ids now differ, from each other and from the free
+    block's grey and the total lines' near-black."""
+    for start in (0, 24, 1000):
+        colors = [request_color(str(i)) for i in range(start, start + 32)]
+        others = [FREE_COLOR, TOTAL_COLOR]
+        closest = min(color_difference(a, b) for i, a in enumerate(colors) for b in colors[i + 1:] + others)
+        assert closest >= 20, f"two of requests {start}-{start + 31} look alike (delta E {closest:.1f})"
+    assert color_difference("#636EFA", "#636EFA") == 0 and round(color_difference("#000000", "#FFFFFF")) == 100
+
+
 def test_request_colors_are_stable_and_distinct() -> None:
-    assert len({request_color(str(i)) for i in range(10)}) == 10  # a batch of 10 is all different
+    assert len({request_color(str(i)) for i in range(32)}) == 32  # a batch of 32 is all different
     assert request_color("7") == request_color("7") and request_color("x-1") == request_color("x-1")
     # The colour depends on the id only: the same request looks the same in any trace, in any unit.
     fig = cache_growth_figure(hand_trace(), unit="tokens")
@@ -168,7 +217,9 @@ def test_view_of_a_recorded_trace() -> None:
     view = CacheGrowth.from_trace(hand_trace())
     assert repr(view) == "CacheGrowth(steps=4, requests=3, peak=15.4 kB)"
     assert not view.attached
-    assert (view.step_slider.min, view.step_slider.max, view.step_slider.value) == (3, 6, 6)
+    # The trace starts at the engine's step 3; the view counts from the run's first step.
+    assert (view.step_slider.min, view.step_slider.max, view.step_slider.value) == (0, 3, 3)
+    assert [e.step for e in view.trace.events] == [0, 1, 2, 3] and hand_trace().events[0].step == 3
     assert_figure_matches(view.figure(), view.trace, per_token=BYTES_PER_TOKEN)
     assert isinstance(view, ipywidgets.VBox) and view.plot in view.children
 
@@ -189,10 +240,10 @@ def test_unit_toggle_changes_the_chart() -> None:
 
 def test_step_slider_scrubs_the_chart() -> None:
     view = CacheGrowth(hand_trace())
-    view.step_slider.value = 4
-    assert list(used(shown(view), "total in use").x) == [3, 4]
-    view.step_slider.value = 6
-    assert list(used(shown(view), "total in use").x) == [3, 4, 5, 6]
+    view.step_slider.value = 1
+    assert list(used(shown(view), "total in use").x) == [0, 1]
+    view.step_slider.value = 3
+    assert list(used(shown(view), "total in use").x) == [0, 1, 2, 3]
 
 
 def test_output_fallback_when_figure_widget_cannot_be_built(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -284,8 +335,8 @@ def test_live_view_redraws_while_generate_runs(tiny_llm: LLM, follow: Follow, st
     with record(tiny_llm) as trace:
         tiny_llm.generate(PROMPTS, PARAMS, use_tqdm=False)
     assert shown_steps == [1, 2, 3, 4, 5, 6]
-    assert view.trace.events == trace.events
-    assert_figure_matches(shown(view), trace, per_token=trace.info.kv_bytes_per_token)
+    assert view.trace.events == from_step_0(trace).events
+    assert_figure_matches(shown(view), view.trace, per_token=trace.info.kv_bytes_per_token)
     assert_figure_matches(cache_growth_figure(trace, unit="tokens"), trace, per_token=1)
     first = used(shown(view), f"request {trace.request_ids[0]}")
     assert list(first.y)[3:] == [None] * 3  # its line ends when it finishes
@@ -317,3 +368,23 @@ def test_detach_stops_updates(tiny_llm: LLM, follow: Follow) -> None:
     assert closed.attached
     closed.close()  # closing the widget also stops following
     assert not closed.attached
+
+
+def from_step_0(trace: Trace) -> Trace:
+    """The trace with its steps counted from its first."""
+    return Trace(trace.info, [dataclasses.replace(e, step=e.step - trace.events[0].step) for e in trace.events])
+
+
+def test_steps_count_from_the_runs_first_step(tiny_llm: LLM, follow: Follow) -> None:
+    """On an engine that has run before, a view's slider and chart start at step 0, not at the
+    engine's own count (hundreds of steps into chapter 04); a recorded trace of it does the same."""
+    tiny_llm.generate(PROMPTS, PARAMS, use_tqdm=False)  # the engine is 6 steps (and more) into its count
+    view = follow()
+    with record(tiny_llm) as trace:
+        tiny_llm.generate(PROMPTS, PARAMS, use_tqdm=False)
+    assert trace.events[0].step >= 6
+    for shows in (view, CacheGrowth(trace)):
+        assert (shows.step_slider.min, shows.step_slider.value, shows.step_slider.max) == (0, 5, 5)
+        assert shows.trace.events == from_step_0(trace).events
+        assert list(used(shown(shows), "total in use").x) == [0, 1, 2, 3, 4, 5]
+        assert shown(shows).layout.xaxis.range[0] == 0

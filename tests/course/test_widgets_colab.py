@@ -19,7 +19,7 @@ COLAB_WIDGETS = ROOT / ".venv-colab-widgets"
 COLAB_VERSIONS = {"ipywidgets": "7.7.1", "plotly": "5.24.1"}
 WIDGET_TESTS = ("test_widgets.py", "test_widget_block_pool.py", "test_widget_batch_slots.py",
                 "test_widget_draft_acceptance.py", "test_widget_quant_error.py", "test_widget_serving_dashboard.py",
-                "test_widget_roofline.py")
+                "test_widget_roofline.py", "test_widget_latency_curve.py")
 
 # Checked in the same interpreter that then runs the tests, so they surely ran on these versions;
 # on Colab's versions FigureWidget is an ipywidgets widget, not an anywidget one.

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import threading
+import time
 
 import httpx
 import pytest
@@ -43,6 +45,9 @@ def assert_still_serving(server: BackgroundServer) -> None:
     ("/completions", '{"prompt": "x", "max_tokens": 3, "top_p": Infinity}', "top_p"),
     ("/completions", {"prompt": "x", "max_tokens": 3, "stop_token_ids": [2**63]}, "stop_token_ids"),
     ("/completions", {"prompt": list(range(1, 201)), "max_tokens": 100}, "max_tokens"),
+    ("/completions", {"prompt": [False, True], "max_tokens": 3}, "prompt"),  # no coercion into numbers
+    ("/completions", {"prompt": "x", "max_tokens": "3"}, "max_tokens"),
+    ("/completions", {"prompt": "x", "max_tokens": 3, "n": True}, "n: Input should be a valid integer"),
     ("/chat/completions", {"messages": MESSAGES, "max_completion_tokens": 0}, "max_completion_tokens"),
     ("/chat/completions", {"messages": MESSAGES, "max_completion_tokens": 1000}, "max_tokens"),
     ("/chat/completions", '{"messages": [{"role": "user", "content": "x"}], "temperature": -Infinity}',
@@ -99,11 +104,49 @@ def test_stop_token_ids_past_the_vocabulary_never_match_and_break_nothing(server
 
 
 def test_a_body_past_the_limit_gets_a_413_before_it_is_read():
-    """Checked by its Content-Length, so a huge body costs the event loop nothing; the limit is the
-    server's --max-body-bytes (here 4 KiB), and a body under it is served as usual."""
+    """Checked by its Content-Length, so a huge body costs the event loop nothing, or, sent in chunks
+    without one, as it arrives; the limit is the server's --max-body-bytes (here 4 KiB), and a body
+    under it is served as usual, chunked or not."""
     with BackgroundServer("tiny", max_body_bytes=4096, **ENGINE) as small:
         reply = post(small, "/completions", {"prompt": "x" * 5000, "max_tokens": 2})
         assert reply.status_code == 413, reply.text
         error = reply.json()["error"]
         assert "at most 4,096" in error["message"] and error["code"] == 413
         assert_still_serving(small)
+
+        def chunked(size: int) -> httpx.Response:
+            body = json.dumps({"prompt": "x", "max_tokens": 2, "user": "u" * size}).encode()
+            pieces = (body[i:i + 1000] for i in range(0, len(body), 1000))  # no Content-Length: chunked
+            return httpx.post(small.base_url + "/completions", content=pieces, timeout=30,
+                              headers={"content-type": "application/json"})
+
+        reply = chunked(5000)
+        assert reply.status_code == 413 and "at most 4,096" in reply.json()["error"]["message"], reply.text
+        assert chunked(3000).status_code == 200
+        assert_still_serving(small)
+
+
+def test_health_answers_within_a_second_while_a_16_mb_request_is_tokenized(server, monkeypatch):
+    """Tokenizing runs in a thread, so the event loop answers others meanwhile. Tokenizing 16 MB
+    for real takes a minute of CPU; the tokenizer is slowed instead, by more than the bound."""
+    tokenizing = threading.Event()
+    process_prompt = server.engine.llm_engine.process_prompt
+
+    def slow(prompt):
+        if isinstance(prompt, dict) and "prompt_token_ids" not in prompt:
+            tokenizing.set()
+            time.sleep(2)
+            prompt = {"prompt": prompt["prompt"][:10]}
+        return process_prompt(prompt)
+
+    monkeypatch.setattr(server.engine.llm_engine, "process_prompt", slow)
+    replies = []
+    big = threading.Thread(target=lambda: replies.append(post(server, "/completions", {
+        "prompt": "x" * 16_000_000, "max_tokens": 2})))
+    big.start()
+    assert tokenizing.wait(timeout=30)
+    start = time.time()
+    assert httpx.get(server.url + "/health", timeout=10).status_code == 200
+    assert time.time() - start < 1
+    big.join()
+    assert replies[0].status_code == 200, replies[0].text

@@ -12,6 +12,7 @@ import pytest
 
 import minillm
 from minillm import LLM, SamplingParams
+from minillm.engine.metrics import Histogram
 from minillm.entrypoints.background import BackgroundServer
 from minillm.eval.heldout import eval_token_ids
 from minillm.models.loader import load_tokenizer, resolve_model_path
@@ -122,6 +123,15 @@ def test_logprobs_are_the_engines(client, reference):
     assert all(len(top) >= 2 for top in out.choices[0].logprobs.top_logprobs)
 
 
+def test_penalties_are_the_engines(client, reference):
+    penalties = {"presence_penalty": 0.5, "frequency_penalty": 0.4}
+    out = client.completions.create(model="tiny", prompt="x = [1, 2, 3]\nx = [1, 2, 3]\nx = [1, ", max_tokens=8,
+                                    temperature=0, extra_body={"repetition_penalty": 1.3}, **penalties)
+    params = SamplingParams(temperature=0, max_tokens=8, repetition_penalty=1.3, **penalties)
+    mine = reference.generate(["x = [1, 2, 3]\nx = [1, 2, 3]\nx = [1, "], params, use_tqdm=False)[0].outputs[0]
+    assert out.choices[0].text == mine.text != greedy(reference, ["x = [1, 2, 3]\nx = [1, 2, 3]\nx = [1, "], [8])[0]
+
+
 def test_64_concurrent_streams_then_100_cancelled(server, reference):
     tokenizer = load_tokenizer(resolve_model_path("tiny"))
     ids = eval_token_ids(tokenizer)
@@ -169,7 +179,8 @@ def test_64_concurrent_streams_then_100_cancelled(server, reference):
     ({"prompt": "x", "top_p": 2}, 400, "top_p"),
     ({"prompt": "x", "max_tokens": 0}, 400, "max_tokens"),
     ({"prompt": "x", "n": 10_000}, 400, "128"),
-    ({"prompt": "x", "presence_penalty": 0.5}, 400, "presence_penalty"),
+    ({"prompt": "x", "presence_penalty": 2.5}, 400, "presence_penalty"),
+    ({"prompt": "x", "repetition_penalty": 0}, 400, "repetition_penalty"),
     ({"prompt": [], "max_tokens": 2}, 400, "prompt"),
     ({"prompt": [10**9]}, 400, "prompt_token_ids"),
     ({"prompt": list(range(300))}, 400, "max_model_len"),
@@ -201,8 +212,43 @@ def test_models_health_and_metrics(server, client):
     text = httpx.get(server.url + "/metrics").text
     for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
                  "vllm:prompt_tokens_total", "vllm:generation_tokens_total",
-                 "vllm:time_to_first_token_seconds_bucket", "vllm:request_time_per_output_token_seconds_count"):
+                 "vllm:time_to_first_token_seconds_bucket", "vllm:request_time_per_output_token_seconds_count",
+                 "vllm:inter_token_latency_seconds_bucket", "vllm:request_queue_time_seconds_sum",
+                 "vllm:request_prefill_time_seconds_count", "vllm:request_decode_time_seconds_bucket",
+                 "vllm:request_inference_time_seconds_sum", "vllm:request_prompt_tokens_bucket",
+                 "vllm:request_generation_tokens_sum"):
         assert name + "{" in text, name
+    assert 'vllm:request_prompt_tokens_bucket{engine="0",le="200.0",model_name="tiny"}' in text  # 1, 2, 5, ... 200
+    assert 'le="500.0"' not in text.split("vllm:request_prompt_tokens_bucket", 1)[1].split("# HELP")[0]
+
+
+def test_request_histograms_add_up_each_requests_times_and_tokens(reference):
+    """vLLM's per-request histograms, against the times and lengths of the requests themselves."""
+    def histograms() -> dict[str, tuple[int, float]]:
+        return {m.name: (m.count, m.sum) for m in reference.get_metrics() if isinstance(m, Histogram)}
+
+    before = histograms()
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (1, 5, 9)]
+    outs = reference.generate(["a", "def f(x):", "import numpy as np\n"], params, use_tqdm=False)
+    after = histograms()
+
+    def added(name: str) -> tuple[int, float]:
+        return after[name][0] - before[name][0], after[name][1] - before[name][1]
+
+    ms = [out.metrics for out in outs]
+    expected = {
+        "vllm:request_queue_time_seconds": sum(m.first_scheduled_time - m.arrival_time for m in ms),
+        "vllm:request_prefill_time_seconds": sum(m.first_token_time - m.first_scheduled_time for m in ms),
+        "vllm:request_decode_time_seconds": sum(m.last_token_time - m.first_token_time for m in ms),
+        "vllm:request_inference_time_seconds": sum(m.last_token_time - m.first_scheduled_time for m in ms),
+        "vllm:request_prompt_tokens": sum(len(out.prompt_token_ids) for out in outs),
+        "vllm:request_generation_tokens": 15,
+    }
+    for name, total in expected.items():
+        assert added(name) == (3, pytest.approx(total, abs=1e-6)), name
+    # One gap per step after the first token: 0 + 4 + 8, adding up to each request's decode time.
+    assert added("vllm:inter_token_latency_seconds") == (12, pytest.approx(
+        expected["vllm:request_decode_time_seconds"], abs=1e-6))
 
 
 def test_vllms_routes_for_models_tokens_and_the_version(server, client, reference):
@@ -266,8 +312,10 @@ def test_serve_takes_every_engine_argument_by_vllms_flag():
     args = build_parser().parse_args([
         "serve", "tiny", "--port", "9000", "--max-num-seqs", "4", "--no-enable-prefix-caching", "--quantization",
         "int8", "--kv-cache-dtype", "int8", "--scheduling-policy", "fcfs", "--speculative-config",
-        '{"method": "ngram", "num_speculative_tokens": 2}'])
+        '{"method": "ngram", "num_speculative_tokens": 2}', "--allowed-origins", '["https://app.example"]'])
     assert (args.model, args.host, args.port) == ("tiny", "127.0.0.1", 9000)
+    assert (args.allowed_origins, args.allowed_methods, args.allow_credentials) == (
+        ["https://app.example"], ["*"], False)
     assert engine_kwargs(args) == {"max_num_seqs": 4, "enable_prefix_caching": False, "quantization": "int8",
                                    "kv_cache_dtype": "int8", "scheduling_policy": "fcfs"}
     assert speculative_config(args) == {"method": "ngram", "num_speculative_tokens": 2}
@@ -284,3 +332,89 @@ def test_metrics_text_has_the_speculative_counters():
                  "vllm:spec_decode_num_accepted_tokens_total"):
         assert name + "{" in text, name
     assert 'vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="tiny",position="1"}' in text
+
+
+def histogram(server: BackgroundServer, name: str) -> tuple[float, float]:
+    """(count, sum) of one of the server's histograms, read as Prometheus scrapes it."""
+    lines = httpx.get(server.url + "/metrics", timeout=10).text.splitlines()
+    return tuple(float(line.rsplit(" ", 1)[1]) for suffix in ("_count", "_sum") for line in lines
+                 if line.startswith(name + suffix + "{"))
+
+
+def test_the_servers_ttft_is_the_clients_under_a_burst(server):
+    """The server stamps a request's arrival as its HTTP request arrives, so its mean time to first
+    token is what `minillm bench serve` measures on the client, less the network and the client's own
+    overhead; stamped when the engine picked it up, a burst's wait in the queue went missing."""
+    from minillm.bench.serve import run_rate, send_request, summarize
+    from minillm.bench.serve_workload import build_workload
+
+    workload = build_workload(list(range(1, 2000)), 24, (48, 96), (2, 2), seed=1)
+
+    async def burst():
+        async with openai.AsyncOpenAI(base_url=server.base_url, api_key="none", max_retries=0) as client:
+            await send_request(client, "tiny", workload[0])  # the client's first request sets it up
+            before = histogram(server, "vllm:time_to_first_token_seconds")
+            return before, await run_rate(client, "tiny", workload, float("inf"))
+
+    (count, total), (results, duration) = asyncio.run(burst())
+    client_ms = summarize(results, duration)["ttft_mean_ms"]
+    new_count, new_total = histogram(server, "vllm:time_to_first_token_seconds")
+    assert new_count - count == len(workload)
+    server_ms = (new_total - total) / len(workload) * 1e3
+    # The client shares this process (and the GIL) with the server: its own overhead, 8% to 15% of the
+    # TTFT on two busy cores, needs room. Stamped at the engine's pick-up, a burst's server TTFT was
+    # half the client's.
+    assert 0.75 * client_ms <= server_ms <= client_ms, (server_ms, client_ms)
+
+
+def test_cors_lets_the_allowed_origins_in(server):
+    """vLLM's default lets any page in; --allowed-origins narrows it (the preflight needs no API key)."""
+    from fastapi.testclient import TestClient
+
+    from minillm.entrypoints.api_server import build_app
+
+    preflight = {"Origin": "https://app.example", "Access-Control-Request-Method": "POST",
+                 "Access-Control-Request-Headers": "authorization,content-type"}
+    reply = httpx.options(server.base_url + "/completions", headers=preflight)
+    assert reply.status_code == 200 and reply.headers["access-control-allow-origin"] == "*"
+    only = TestClient(build_app(server.engine, api_key="secret", allowed_origins=["https://app.example"]))
+    assert only.options("/v1/completions", headers=preflight).headers["access-control-allow-origin"] == \
+        "https://app.example"
+    assert only.options("/v1/completions", headers={**preflight, "Origin": "https://evil.example"}).status_code == 400
+    refused = only.get("/v1/models", headers={"Origin": "https://app.example"})  # no key: 401, readable by the page
+    assert refused.status_code == 401 and refused.headers["access-control-allow-origin"] == "https://app.example"
+
+
+def test_echo_scores_a_continuation_as_lm_evaluation_harness_reads_it(server, reference):
+    """What lm-eval's local-completions model sends for loglikelihood tasks, and how it reads the
+    answer: the continuation's logprobs sum, and whether each of its tokens was the most likely."""
+    tokenizer = reference.get_tokenizer()
+    context = tokenizer("def fibonacci(n):")["input_ids"]
+    greedy_run = reference.generate([{"prompt_token_ids": context}], SamplingParams(
+        temperature=0, max_tokens=4, logprobs=1, ignore_eos=True), use_tqdm=False)[0].outputs[0]
+    continuation = greedy_run.token_ids  # what the model would say: greedy, scored through the KV cache
+    expected = sum(entry[t].logprob for entry, t in zip(greedy_run.logprobs, continuation))
+    unlikely = [context, tokenizer(" zebra zebra")["input_ids"]]
+    body = {"model": "tiny", "prompt": [context + continuation, unlikely[0] + unlikely[1]], "temperature": 0,
+            "max_tokens": 1, "logprobs": 1, "seed": 1234, "echo": True}
+    reply = httpx.post(server.base_url + "/completions", json=body, timeout=30)
+    assert reply.status_code == 200, reply.text
+    choices = sorted(reply.json()["choices"], key=lambda c: c["index"])
+    scores = []
+    for choice, ctxlen in zip(choices, [len(context), len(unlikely[0])]):  # lm-eval's parse_logprobs
+        logprobs = choice["logprobs"]
+        assert logprobs["token_logprobs"][0] is None and logprobs["top_logprobs"][0] is None
+        continuation_logprobs = logprobs["token_logprobs"][ctxlen:-1]
+        is_greedy = all(lp == max(top.values()) for lp, top in zip(continuation_logprobs,
+                                                                     logprobs["top_logprobs"][ctxlen:-1]))
+        scores.append((sum(continuation_logprobs), is_greedy))
+    assert scores[0] == (pytest.approx(expected, abs=1e-3), True)
+    assert scores[1][0] < expected and not scores[1][1]
+    assert choices[0]["text"].startswith(tokenizer.decode(context + continuation))
+    assert len(choices[0]["logprobs"]["tokens"]) == len(context + continuation) + 1
+    # max_tokens 0: the prompt alone, as lm-eval's older versions asked for it.
+    prompt_only = httpx.post(server.base_url + "/completions", json={**body, "max_tokens": 0}, timeout=30).json()
+    assert prompt_only["usage"]["completion_tokens"] == 0
+    first = min(prompt_only["choices"], key=lambda c: c["index"])
+    assert first["logprobs"]["token_logprobs"] == choices[0]["logprobs"]["token_logprobs"][:-1]
+    assert first["text"] == tokenizer.decode(context + continuation)
