@@ -19,10 +19,8 @@ COURSE_ARGS ?=
 course: env notebook-filter
 	$(BIN)/jupyter lab $(ALLOW_ROOT) --ServerApp.root_dir=. $(COURSE_ARGS) notebooks/00_welcome.ipynb
 
-# Two workers: on CI's 2 cores much of a test's time is a notebook kernel, JupyterLab, Chromium or a
-# server subprocess working or waiting, so a second worker fills the gaps (worksteal evens the ends).
 test: env $(COLAB_WIDGETS)
-	$(BIN)/python -m pytest -n 2 --dist worksteal
+	$(BIN)/python -m pytest
 
 env: $(INSTALLED)
 

@@ -19,6 +19,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from minillm.async_llm import AsyncLLM, EngineDeadError
 from minillm.entrypoints import serving_chat, serving_completion
@@ -66,6 +67,13 @@ def build_app(engine: AsyncLLM, served_model_name: str | None = None, api_key: s
             return error(400, f"the body is not valid JSON: {first.get('ctx', {}).get('error', first['msg'])}")
         where = ".".join(str(part) for part in first["loc"] if part != "body") or "body"
         return error(400, f"{where}: {first['msg']}")
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, e: StarletteHTTPException) -> JSONResponse:
+        # FastAPI's own answers (no such route, a wrong method, a body it cannot decode) in OpenAI's shape too.
+        message = {400: "the body could not be read as JSON (it must be UTF-8)", 404: f"no route {request.url.path}",
+                   405: f"{request.url.path} does not take {request.method}"}
+        return error(e.status_code, message.get(e.status_code, str(e.detail)))
 
     @app.exception_handler(EngineDeadError)
     async def dead(request: Request, e: EngineDeadError) -> JSONResponse:

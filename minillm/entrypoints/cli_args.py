@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from minillm.utils.arg_types import int_in
+
 # A request body past this is refused before it is read: parsing and tokenizing a body holds the
 # event loop, which every other client waits on, for a time that grows with its size.
 MAX_BODY_BYTES = 16 << 20
@@ -35,11 +37,11 @@ def add_serve_args(p: argparse.ArgumentParser, speculative_args) -> None:
     """speculative_args: the CLI's own --speculative-* flags, shared with `minillm generate`."""
     p.add_argument("model", help="'tiny', a local Hugging Face folder or a Hub id")
     p.add_argument("--host", default="127.0.0.1", help="0.0.0.0 exposes the server to the network")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--port", type=int_in(0, 65535), default=8000, help="0: any free port")
     p.add_argument("--api-key", default=None, help="required as 'Authorization: Bearer KEY' on /v1")
     p.add_argument("--served-model-name", default=None, help="the name clients use (default: MODEL)")
     p.add_argument("--chat-template", default=None, help="a Jinja file replacing the tokenizer's template")
-    p.add_argument("--max-body-bytes", type=int, default=MAX_BODY_BYTES,
+    p.add_argument("--max-body-bytes", type=int_in(1), default=MAX_BODY_BYTES,
                    help="the largest request body taken (default 16 MiB); larger ones get a 413")
     # CORS, under vLLM's flags and with its defaults: which web pages may call the server from a browser.
     p.add_argument("--allowed-origins", type=_string_list, default=["*"], help='JSON list, e.g. \'["https://a.b"]\'')

@@ -163,10 +163,10 @@ class DetokenizeRequest(BaseModel):
     tokens: list[int]
 
 
-ERROR_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError", 413: "RequestTooLargeError",
-               500: "InternalServerError", 503: "ServiceUnavailableError"}
+ERROR_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError", 405: "MethodNotAllowedError",
+               413: "RequestTooLargeError", 500: "InternalServerError", 503: "ServiceUnavailableError"}
 
 
 def error_body(status: int, message: str) -> dict:
     """OpenAI's error shape, which its clients read the message from."""
-    return {"error": {"message": message, "type": ERROR_TYPES[status], "param": None, "code": status}}
+    return {"error": {"message": message, "type": ERROR_TYPES.get(status, "APIError"), "param": None, "code": status}}

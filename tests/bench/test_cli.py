@@ -55,7 +55,9 @@ def test_bad_values_are_refused_before_a_model_loads(tmp_path, monkeypatch, caps
              (["quantize", "--quantization", "int8", "--output", str(tmp_path)], "already holds a model"),
              (["eval", "perplexity", "--window", "0"], "argument --window"),
              (["eval", "acceptance", "-k", "-2"], "argument -k"),
-             (["bench", "decode", "--steps", "zero"], "must be an integer, got 'zero'")]
+             (["bench", "decode", "--steps", "zero"], "must be an integer, got 'zero'"),
+             (["serve", "tiny", "--port", "70000"], "argument --port: the value must be an integer in [0, 65535]"),
+             (["serve", "tiny", "--max-body-bytes", "0"], "argument --max-body-bytes")]
     for argv, message in cases:
         with pytest.raises(SystemExit) as exit_info:
             main(argv)

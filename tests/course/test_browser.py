@@ -178,6 +178,7 @@ def test_cache_growth_renders_and_responds_in_jupyterlab(tmp_path: Path) -> None
                                controls=(".widget-toggle-buttons", ".widget-slider"))
         check_cache_growth_shows_whole_run(widget)
         check_cache_growth_responds(widget, shots)
+        check_next_link_opens_in_lab(page, "02 · The paged KV cache", "notebooks/02_paged_kv_cache.ipynb")
 
 
 def test_quant_error_renders_and_responds_in_jupyterlab(tmp_path: Path) -> None:
@@ -282,6 +283,15 @@ def notebook_run_in_lab(tmp_path: Path, notebook: str) -> Iterator[tuple[Page, P
     assert not log.console_errors, "errors in the browser console:\n" + "\n".join(log.console_errors)
     unexpected = sorted(set(log.blocked) - EXPECTED_EXTERNAL.keys())
     assert not unexpected, f"the page needs resources from outside 127.0.0.1: {unexpected}"
+
+
+def check_next_link_opens_in_lab(page: Page, title: str, path: str) -> None:
+    """The chapter's local "Next" link opens the next chapter in a JupyterLab tab (its Colab twin would
+    leave JupyterLab, and the page may not reach Colab: the route guard would record it)."""
+    next_line = page.locator(".jp-RenderedMarkdown strong").filter(has_text=f"Next: {title}")
+    next_line.get_by_role("link", name=title, exact=True).click()
+    page.wait_for_function("path => window.jupyterapp.shell.currentWidget?.context?.path === path", arg=path,
+                           timeout=60_000)
 
 
 def check_notebook_ran(page: Page) -> None:

@@ -21,8 +21,8 @@ def server():
         yield s
 
 
-def post(server: BackgroundServer, route: str, body: dict | str) -> httpx.Response:
-    content = body if isinstance(body, str) else json.dumps(body)
+def post(server: BackgroundServer, route: str, body: dict | str | bytes) -> httpx.Response:
+    content = body if isinstance(body, (str, bytes)) else json.dumps(body)
     return httpx.post(server.base_url + route, content=content, headers={"content-type": "application/json"},
                       timeout=30)
 
@@ -100,6 +100,17 @@ def test_stop_token_ids_past_the_vocabulary_never_match_and_break_nothing(server
     reply = post(server, "/completions", {"prompt": "x", "max_tokens": 3, "min_tokens": 3,
                                           "stop_token_ids": [10**6]})
     assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] == 3
+    assert_still_serving(server)
+
+
+def test_routing_errors_and_a_body_that_is_not_utf_8_answer_in_openais_shape(server):
+    replies = [(httpx.get(server.base_url + "/nothing", timeout=10), 404, "no route /v1/nothing"),
+               (httpx.get(server.base_url + "/completions", timeout=10), 405, "does not take GET"),
+               (post(server, "/completions", '{"prompt": "\xff"}'.encode("latin-1")), 400, "must be UTF-8")]
+    for reply, status, words in replies:
+        assert reply.status_code == status, reply.text
+        error = reply.json()["error"]
+        assert error["code"] == status and words in error["message"] and error["type"].endswith("Error"), error
     assert_still_serving(server)
 
 
