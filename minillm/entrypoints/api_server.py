@@ -18,13 +18,15 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from minillm.async_llm import AsyncLLM, EngineDeadError
 from minillm.entrypoints import serving_chat, serving_completion
 from minillm.entrypoints.cli_args import MAX_BODY_BYTES
+from minillm.entrypoints.errors import error, validation_error
 from minillm.entrypoints.middleware import ServerGuard
+from minillm.entrypoints.openapi import as_served, errors, streamed
 from minillm.entrypoints.prometheus import prometheus_text
 from minillm.entrypoints.protocol import (
     ChatCompletionRequest,
@@ -32,7 +34,6 @@ from minillm.entrypoints.protocol import (
     DetokenizeRequest,
     SamplingRequest,
     TokenizeRequest,
-    error_body,
 )
 from minillm.entrypoints.serving_engine import Indexed, Prepared, event_stream, fan_out, now, random_id, while_connected
 from minillm.version import __version__
@@ -41,8 +42,8 @@ CLIENT_CLOSED = 499  # nginx's status for a request whose client left; nobody re
 NO_TOKENIZER = "this server was started with skip_tokenizer_init: it has no tokenizer"
 
 
-def error(status: int, message: str) -> JSONResponse:
-    return JSONResponse(error_body(status, message), status_code=status)
+class PrometheusResponse(PlainTextResponse):
+    media_type = "text/plain; version=0.0.4; charset=utf-8"  # Prometheus's text exposition format
 
 
 def build_app(engine: AsyncLLM, served_model_name: str | None = None, api_key: str | None = None,
@@ -60,33 +61,33 @@ def build_app(engine: AsyncLLM, served_model_name: str | None = None, api_key: s
     app.add_middleware(CORSMiddleware, allow_origins=list(allowed_origins), allow_methods=list(allowed_methods),
                        allow_headers=list(allowed_headers), allow_credentials=allow_credentials)
 
+    as_served(app, [CompletionRequest, ChatCompletionRequest, TokenizeRequest, DetokenizeRequest])
+
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, e: RequestValidationError) -> JSONResponse:
-        first = e.errors()[0]
-        if first["type"] == "json_invalid":
-            return error(400, f"the body is not valid JSON: {first.get('ctx', {}).get('error', first['msg'])}")
-        where = ".".join(str(part) for part in first["loc"] if part != "body") or "body"
-        return error(400, f"{where}: {first['msg']}")
+        return validation_error(e)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, e: StarletteHTTPException) -> JSONResponse:
         # FastAPI's own answers (no such route, a wrong method, a body it cannot decode) in OpenAI's shape too.
         message = {400: "the body could not be read as JSON (it must be UTF-8)", 404: f"no route {request.url.path}",
                    405: f"{request.url.path} does not take {request.method}"}
-        return error(e.status_code, message.get(e.status_code, str(e.detail)))
+        reply = error(e.status_code, message.get(e.status_code, str(e.detail)))
+        reply.headers.update(e.headers or {})  # a 405's Allow: the methods the path takes
+        return reply
 
     @app.exception_handler(EngineDeadError)
     async def dead(request: Request, e: EngineDeadError) -> JSONResponse:
         return error(503, str(e))
 
-    @app.get("/health")
+    @app.get("/health", response_class=Response, response_description="The engine is running (an empty body)",
+             responses={503: {"description": "The engine has stopped (an empty body)"}})
     async def health() -> Response:
         return Response(status_code=503 if engine.errored else 200)
 
-    @app.get("/metrics")
-    async def metrics() -> Response:
-        return Response(prometheus_text(await engine.get_metrics()),
-                        media_type="text/plain; version=0.0.4; charset=utf-8")
+    @app.get("/metrics", response_class=PrometheusResponse)
+    async def metrics() -> PrometheusResponse:
+        return PrometheusResponse(prometheus_text(await engine.get_metrics()))
 
     def unknown_model(name: str) -> JSONResponse:
         return error(404, f"The model `{name}` does not exist; this server serves `{model}`")
@@ -95,11 +96,11 @@ def build_app(engine: AsyncLLM, served_model_name: str | None = None, api_key: s
         return {"id": model, "object": "model", "created": now(), "owned_by": "minillm",
                 "root": engine.model_name, "max_model_len": engine.llm_engine.max_model_len}
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", responses=errors(401))
     async def models() -> dict:
         return {"object": "list", "data": [card()]}
 
-    @app.get("/v1/models/{model_id:path}")
+    @app.get("/v1/models/{model_id:path}", responses=errors(401, 404))
     async def model_card(model_id: str) -> Response:
         if model_id != model:
             return unknown_model(model_id)
@@ -109,7 +110,7 @@ def build_app(engine: AsyncLLM, served_model_name: str | None = None, api_key: s
     async def version() -> dict:
         return {"version": __version__}
 
-    @app.post("/tokenize")
+    @app.post("/tokenize", responses=errors(400, 404, 413))
     async def tokenize(request: TokenizeRequest) -> Response:
         if request.model is not None and request.model != model:
             return unknown_model(request.model)
@@ -131,7 +132,7 @@ def build_app(engine: AsyncLLM, served_model_name: str | None = None, api_key: s
             return error(400, str(e))
         return JSONResponse({"count": len(ids), "max_model_len": engine.llm_engine.max_model_len, "tokens": ids})
 
-    @app.post("/detokenize")
+    @app.post("/detokenize", responses=errors(400, 413))
     async def detokenize(request: DetokenizeRequest) -> Response:
         vocab = engine.llm_engine.model_config.vocab_size
         if bad := [t for t in request.tokens if not 0 <= t < vocab]:
@@ -160,12 +161,14 @@ def build_app(engine: AsyncLLM, served_model_name: str | None = None, api_key: s
         body = await full(request, request_id, prepared, model, outputs)
         return Response(status_code=CLIENT_CLOSED) if body is None else JSONResponse(body)
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", responses={**streamed("The completion; server-sent events with stream: true"),
+                                            **errors(400, 401, 404, 413, 503)})
     async def completions(request: CompletionRequest, raw: Request) -> Response:
         return await serve(request, raw, "cmpl", lambda: serving_completion.prepare_completion(engine, request),
                            serving_completion.full_response, serving_completion.stream_chunks)
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", responses={**streamed("The chat completion; server-sent events with stream: "
+                                                            "true"), **errors(400, 401, 404, 413, 503)})
     async def chat_completions(request: ChatCompletionRequest, raw: Request) -> Response:
         return await serve(request, raw, "chatcmpl",
                            lambda: serving_chat.prepare_chat(engine, request, chat_template),

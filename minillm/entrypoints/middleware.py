@@ -15,7 +15,7 @@ import time
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from minillm.entrypoints.protocol import error_body
+from minillm.entrypoints.errors import error_body
 
 
 class ServerGuard:

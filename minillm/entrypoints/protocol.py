@@ -1,14 +1,32 @@
 """The request bodies the server accepts: OpenAI's fields, and vLLM's extras (top_k, min_p,
 ignore_eos, ...) beside them. Fields the engine does not implement are refused by name rather than
-silently ignored; fields that change nothing here (user, ...) are ignored, as OpenAI's server does."""
+silently ignored; fields that change nothing here (user, ...) are ignored, as OpenAI's server does.
+
+Each field is typed and bounded here as strictly as the server enforces it, so that the OpenAPI
+schema FastAPI derives from these models says what the server takes: the ranges are
+SamplingParams's own. What a schema cannot say is checked after it, with a 400 all the same: rules
+between fields (min_tokens <= max_tokens, top_logprobs needs logprobs, seed + n), and the model's own
+limits (token ids within its vocabulary, prompt plus max_tokens within its context)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic_core import PydanticCustomError
 
-from minillm.sampling_params import MAX_INT32, MAX_LOGPROBS, MAX_SEED, MIN_SEED, RequestOutputKind, SamplingParams
+from minillm.sampling_params import (
+    FLOAT32_MAX,
+    MAX_INT32,
+    MAX_LOGPROBS,
+    MAX_PENALTY,
+    MAX_REPETITION_PENALTY,
+    MAX_SEED,
+    MIN_REPETITION_PENALTY,
+    MIN_SEED,
+    RequestOutputKind,
+    SamplingParams,
+)
 
 MAX_N = 128  # choices per request, as OpenAI caps it; each is a request in the engine
 # OpenAI's and vLLM's fields that minillm does not implement, each with the values that ask for
@@ -24,6 +42,57 @@ UNSUPPORTED: dict[str, tuple] = {
 # is still taken where a float is asked for, as JSON writes 1 for 1.0).
 STRICT = ConfigDict(strict=True)
 
+TokenId = Annotated[int, Field(ge=0, le=MAX_INT32)]  # and below the model's vocabulary size, checked later
+Count = Annotated[int, Field(ge=0, le=MAX_INT32)]
+NonEmpty = Annotated[str, Field(min_length=1)]
+TokenIds = Annotated[list[TokenId], Field(min_length=1)]
+# A text, several, a prompt's token ids, or several prompts' token ids.
+Prompt = NonEmpty | Annotated[list[NonEmpty], Field(min_length=1)] | TokenIds \
+    | Annotated[list[TokenIds], Field(min_length=1)]
+
+
+def number(default: float, low: float, high: float, *, above_low: bool = False) -> Any:
+    """A finite float in [low, high] ((low, high] with above_low), as SamplingParams bounds it."""
+    low_bound = {"gt": low} if above_low else {"ge": low}
+    return Field(default, **low_bound, le=high, allow_inf_nan=False)
+
+
+def lone_surrogate(value: Any) -> tuple[str, str] | None:
+    """The first string of a parsed JSON body that holds a lone surrogate (JSON's "\\ud800", which
+    Python reads but no UTF-8 text holds): its field's path and what is wrong; None if there is none."""
+    stack: list[tuple[str, Any]] = [("", value)]
+    while stack:
+        path, item = stack.pop()
+        if isinstance(item, dict):
+            for key in reversed(list(item)):
+                stack.append((f"{path}.{key}" if path else str(key), item[key]))
+                stack.append((f"{path} (a key)" if path else "body (a key)", key))
+        elif isinstance(item, list):
+            stack.extend((f"{path}[{i}]", item[i]) for i in reversed(range(len(item))))
+        elif isinstance(item, str) and not item.isascii():
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError as e:
+                return path or "body", (f"is not valid Unicode text: it holds a lone surrogate "
+                                        f"(U+{ord(item[e.start]):04X}) at character {e.start}; JSON's "
+                                        "\\ud800-\\udfff escapes come in high-low pairs")
+    return None
+
+
+class Request(BaseModel):
+    """A request body: strict types, and text that is text throughout, nested models included (a
+    lone surrogate would fail the tokenizer, or the reply that quotes it back)."""
+
+    model_config = STRICT
+
+    @model_validator(mode="before")
+    @classmethod
+    def _valid_unicode(cls, data: Any) -> Any:
+        if (found := lone_surrogate(data)) is not None:
+            path, problem = found
+            raise PydanticCustomError("lone_surrogate", "{param} " + problem, {"param": path})
+        return data
+
 
 class StreamOptions(BaseModel):
     model_config = STRICT
@@ -31,7 +100,7 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
-class SamplingRequest(BaseModel):
+class SamplingRequest(Request):
     """What completions and chat share. Fields not named here are kept aside (`model_extra`): those
     of UNSUPPORTED are refused, the rest (user, metadata, ...) change nothing and are ignored."""
 
@@ -39,21 +108,21 @@ class SamplingRequest(BaseModel):
 
     model: str | None = None
     n: int = Field(1, ge=1, le=MAX_N)
-    temperature: float = 1.0
-    top_p: float = 1.0
-    seed: int | None = None
-    stop: str | list[str] | None = None
+    temperature: float = number(1.0, 0, FLOAT32_MAX)  # 0 is greedy
+    top_p: float = number(1.0, 0, 1, above_low=True)
+    seed: int | None = Field(None, ge=MIN_SEED, le=MAX_SEED)  # choice j samples with seed + j
+    stop: NonEmpty | list[NonEmpty] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
+    presence_penalty: float = number(0.0, -MAX_PENALTY, MAX_PENALTY)
+    frequency_penalty: float = number(0.0, -MAX_PENALTY, MAX_PENALTY)
     # vLLM's extras
-    repetition_penalty: float = 1.0
-    top_k: int = 0
-    min_p: float = 0.0
-    min_tokens: int = 0
+    repetition_penalty: float = number(1.0, MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY)
+    top_k: int = Field(0, ge=-1, le=MAX_INT32)  # 0 or -1: every token
+    min_p: float = number(0.0, 0, 1)
+    min_tokens: Count = 0
     ignore_eos: bool = False
-    stop_token_ids: list[int] | None = None
+    stop_token_ids: list[TokenId] | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
 
@@ -89,8 +158,8 @@ class SamplingRequest(BaseModel):
 
 
 class CompletionRequest(SamplingRequest):
-    prompt: str | list[str] | list[int] | list[list[int]]
-    max_tokens: int | None = 16  # 0 only with echo: the prompt alone, scored
+    prompt: Prompt
+    max_tokens: Count | None = 16  # 0 only with echo: the prompt alone, scored
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     echo: bool = False
 
@@ -104,34 +173,41 @@ class CompletionRequest(SamplingRequest):
         prompt = self.prompt
         if isinstance(prompt, str):
             return [{"prompt": prompt}]
-        if not prompt:
-            raise ValueError("prompt must not be empty")
         if isinstance(prompt[0], int):
             return [{"prompt_token_ids": prompt}]
         return [{"prompt": p} if isinstance(p, str) else {"prompt_token_ids": p} for p in prompt]
 
 
+class TextPart(BaseModel):
+    """A part of a message's content: text only (images and audio are refused, not dropped)."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    """One message; fields beyond role and content (name, ...) go to the chat template as they are."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    role: str
+    content: str | list[TextPart]
+
+
 class ChatCompletionRequest(SamplingRequest):
-    messages: list[dict[str, Any]] = Field(min_length=1)
-    max_tokens: int | None = None  # until the context is full, as OpenAI's chat
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = Field(None, ge=1, le=MAX_INT32)  # None: until the context is full, as OpenAI's chat
     max_completion_tokens: int | None = Field(None, ge=1, le=MAX_INT32)  # OpenAI's newer name for max_tokens
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     add_generation_prompt: bool = True
 
-    def conversation(self) -> list[dict[str, str]]:
+    def conversation(self) -> list[dict[str, Any]]:
         """The messages with their content as text: a list of parts is joined, as most templates expect."""
-        out = []
-        for i, message in enumerate(self.messages):
-            role, content = message.get("role"), message.get("content")
-            if not isinstance(role, str):
-                raise ValueError(f"messages[{i}].role must be a string, got {role!r:.40}")
-            if isinstance(content, list):
-                content = "".join(part.get("text", "") for part in content if isinstance(part, dict))
-            if not isinstance(content, str):
-                raise ValueError(f"messages[{i}].content must be a string or a list of text parts")
-            out.append({**message, "role": role, "content": content})
-        return out
+        return [{**message.model_dump(), "content": message.content if isinstance(message.content, str)
+                 else "".join(part.text for part in message.content)} for message in self.messages]
 
     def refuse_unsupported(self) -> None:
         super().refuse_unsupported()
@@ -145,28 +221,16 @@ class ChatCompletionRequest(SamplingRequest):
         return (self.top_logprobs or 0) if self.logprobs else None
 
 
-class TokenizeRequest(BaseModel):
+class TokenizeRequest(Request):
     """vLLM's POST /tokenize: a prompt, or chat messages rendered by the chat template."""
 
-    model_config = STRICT
     model: str | None = None
     prompt: str | None = None
-    messages: list[dict[str, Any]] | None = None
+    messages: Annotated[list[ChatMessage], Field(min_length=1)] | None = None
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
 
 
-class DetokenizeRequest(BaseModel):
-    model_config = STRICT
-
+class DetokenizeRequest(Request):
     model: str | None = None
-    tokens: list[int]
-
-
-ERROR_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError", 405: "MethodNotAllowedError",
-               413: "RequestTooLargeError", 500: "InternalServerError", 503: "ServiceUnavailableError"}
-
-
-def error_body(status: int, message: str) -> dict:
-    """OpenAI's error shape, which its clients read the message from."""
-    return {"error": {"message": message, "type": ERROR_TYPES.get(status, "APIError"), "param": None, "code": status}}
+    tokens: list[TokenId]

@@ -14,6 +14,8 @@ from minillm.outputs import CompletionOutput, Logprob
 def prepare_completion(engine: AsyncLLM, request: CompletionRequest) -> Prepared:
     """The body's prompts tokenized and its choices' parameters, checked, and with echo each prompt
     as sent back; ValueError when invalid. max_tokens 0 with echo generates one token, never shown."""
+    if request.max_tokens == 0 and not request.echo:
+        raise ValueError("max_tokens must be at least 1; 0 (the prompt alone, scored) needs echo: true")
     max_tokens = 1 if request.echo and request.max_tokens == 0 else request.max_tokens
     prepared = prepare(engine, request.prompts(), lambda j: request.sampling_params(max_tokens, request.logprobs, j),
                        request.n)

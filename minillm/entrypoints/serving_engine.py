@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from starlette.requests import Request
 
 from minillm.async_llm import AsyncLLM
-from minillm.entrypoints.protocol import error_body
+from minillm.entrypoints.errors import error_body
 from minillm.outputs import RequestOutput
 from minillm.sampling_params import SamplingParams
 

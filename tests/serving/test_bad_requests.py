@@ -161,3 +161,40 @@ def test_health_answers_within_a_second_while_a_16_mb_request_is_tokenized(serve
     assert time.time() - start < 1
     big.join()
     assert replies[0].status_code == 200, replies[0].text
+
+
+@pytest.mark.parametrize("route, body, param", [
+    ("/completions", '{"prompt": "ab\\ud800", "max_tokens": 2}', "prompt"),
+    ("/completions", '{"prompt": ["x", "\\udfff"], "max_tokens": 2}', "prompt[1]"),
+    ("/completions", '{"prompt": "x", "stop": ["\\ud800"], "max_tokens": 2}', "stop[0]"),
+    ("/completions", '{"prompt": "x", "model": "\\ud800", "max_tokens": 2}', "model"),  # once a 500: quoted in a 404
+    ("/completions", '{"prompt": "x", "user": {"\\ud800": 1}, "max_tokens": 2}', "user (a key)"),
+    ("/chat/completions", '{"messages": [{"role": "user", "content": "\\udc00"}], "max_tokens": 2}',
+     "messages[0].content"),
+    ("/chat/completions", '{"messages": [{"role": "user", "content": [{"type": "text", "text": "x\\ud800"}]}]}',
+     "messages[0].content[0].text"),
+    # Encoded as UTF-8 would encode it, were it allowed: Python's JSON reader lets it through too.
+    ("/chat/completions", b'{"messages": [{"role": "user", "content": "\xed\xa0\x80"}]}', "messages[0].content"),
+])
+def test_a_lone_surrogate_gets_a_400_naming_its_field(server, route, body, param):
+    """JSON's "\\ud800" parses into a Python str that no UTF-8 text holds: the tokenizer would fail on
+    it with a message about its own internals, and a reply quoting it could not be encoded."""
+    reply = post(server, route, body)
+    assert reply.status_code == 400, reply.text
+    error = reply.json()["error"]
+    assert error["param"] == param and error["message"].startswith(param) and "lone surrogate" in error["message"]
+    assert error["code"] == 400 and error["type"] == "BadRequestError"
+    assert_still_serving(server)
+
+
+@pytest.mark.parametrize("route, body", [
+    ("/completions", b'{"prompt": "\xc3\x28", "max_tokens": 2}'),  # a broken two-byte sequence
+    ("/tokenize", b'{"prompt": "\xff"}'),
+])
+def test_a_body_that_is_not_utf_8_gets_a_400_that_says_so(server, route, body):
+    url = server.url + route if route == "/tokenize" else server.base_url + route
+    reply = httpx.post(url, content=body, headers={"content-type": "application/json"}, timeout=30)
+    assert reply.status_code == 400, reply.text
+    error = reply.json()["error"]
+    assert "UTF-8" in error["message"] and error["code"] == 400 and error["type"] == "BadRequestError"
+    assert_still_serving(server)
