@@ -35,9 +35,12 @@ class ModelConfig:
     checkpoint_dtype: str = "float32"
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
-    # A checkpoint saved by minillm.models.quant_checkpoint.save_quantized holds its decoder already quantized.
+    # A checkpoint saved by minillm.models.quant_checkpoint.save_quantized, or by another tool whose format
+    # maps onto minillm's (minillm/quant/compressed_tensors.py), holds its decoder already quantized;
+    # quant_method names the writer, as its quantization_config does ("minillm", "compressed-tensors").
     quantization: str | None = None
     quant_group_size: int | None = None
+    quant_method: str | None = None
 
     @property
     def num_queries_per_kv(self) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 import warnings
 from collections.abc import Callable
@@ -19,7 +20,6 @@ from minillm.engine.trace import SeqState, StepEvent, TraceInfo
 from minillm.kernels.ops import load_ops, resolve_kernel
 from minillm.kv.cache_manager import create_kv_cache_manager
 from minillm.kv.pool import kv_bytes_per_token
-from minillm.layers.quant_linear import quantize_model
 from minillm.models.loader import load_model, load_tokenizer, resolve_model_path
 from minillm.models.registry import read_model_config
 from minillm.outputs import RequestOutput
@@ -28,8 +28,11 @@ from minillm.sequence import Sequence
 from minillm.spec_decode.acceptance import AcceptanceCounts
 from minillm.spec_decode.proposers import create_proposer, load_draft_model
 from minillm.utils.device import device_memory_bytes, resolve_device, resolve_dtype
+from minillm.utils.logger import init_logger
+from minillm.utils.memory import PeakMemory
 
 PromptType = str | dict
+logger = init_logger(__name__)
 
 
 class LLMEngine:
@@ -48,10 +51,13 @@ class LLMEngine:
         self.ops = load_ops(resolve_kernel(config.device.attention_backend, self.device, config.cache.block_size))
         check_checkpoint_quantization(config.model, model_config, path)
         self.tokenizer = None if config.model.skip_tokenizer_init else load_tokenizer(path)
-        # A quantized checkpoint loads quantized; otherwise quantization, if asked for, follows loading.
-        self.model = load_model(path, model_config, self.dtype, self.device, self.ops)
-        if config.model.quantization is not None and model_config.quantization is None:
-            quantize_model(self.model, config.model.quantization, config.model.quant_group_size)
+        # A quantized checkpoint loads quantized; otherwise quantization, if asked for, happens as each
+        # weight arrives, so that the unquantized model is never held whole.
+        with PeakMemory(self.device) as load_memory:
+            self.model = load_model(path, model_config, self.dtype, self.device, self.ops,
+                                    config.model.quantization, config.model.quant_group_size)
+        self.load_peak_bytes = load_memory.bytes
+        self._log_load()
         eos = set(model_config.eos_token_ids)
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
             eos.add(self.tokenizer.eos_token_id)
@@ -83,6 +89,18 @@ class LLMEngine:
         self.scheduler = Scheduler(config.scheduler, kv)
         self.step_listeners: list[Callable[[StepEvent], None]] = []  # see engine/trace.py
         self.num_steps = 0
+
+    def _log_load(self) -> None:
+        """The weights' size and the peak memory of loading them: at INFO on an accelerator, where they
+        decide what fits (as vLLM logs them); at DEBUG on a CPU, which the course's notebooks run on."""
+        held = sum(t.numel() * t.element_size() for t in self.model.state_dict().values())
+        method = self.model_config.quantization or self.config.model.quantization
+        group = self.model_config.quant_group_size or self.config.model.quant_group_size
+        scheme = str(self.dtype).removeprefix("torch.") if method is None else method + (
+            f" g{group}" if method == "int4" else "")
+        peak = "" if self.load_peak_bytes is None else f", peak {self.load_peak_bytes / 2**30:.2f} GiB while loading"
+        logger.log(logging.DEBUG if self.device.type == "cpu" else logging.INFO,
+                   f"loaded {self.model_name}: {held / 2**30:.2f} GiB of weights ({scheme}){peak}")
 
     def add_request(self, request_id: str, prompt: PromptType, params: SamplingParams,
                     arrival_time: float | None = None) -> None:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -18,6 +20,7 @@ from minillm.kernels.ops import KernelOps
 from minillm.layers.linear import default_weight_loader
 from minillm.layers.quant_linear import QuantLinear, quantize_model
 from minillm.models.interface import CausalLM
+from minillm.models.quant_loading import OPTIONAL_TENSORS, quant_readers
 from minillm.models.registry import model_class
 
 ASSETS = Path(__file__).parents[1] / "assets"
@@ -70,34 +73,50 @@ def weight_files(path: Path) -> list[Path]:
 
 
 def load_model(path: Path, config: ModelConfig, dtype: torch.dtype, device: torch.device,
-               ops: KernelOps | None = None) -> CausalLM:
-    """ops: the engine's kernels, which the model's layers call (the PyTorch references without)."""
-    # Built on the meta device (no memory, no random init), then allocated once on the target device.
+               ops: KernelOps | None = None, quantization: str | None = None, quant_group_size: int = 128) -> CausalLM:
+    """ops: the engine's kernels, which the model's layers call (the PyTorch references without).
+    quantization: the scheme an unquantized checkpoint's decoder is quantized to as its weights arrive
+    (see models/quant_loading.py); a quantized checkpoint loads in its own (config.quantization)."""
+    method = config.quantization or quantization
+    # Built on the meta device (no memory, no random init), then allocated once on the target device:
+    # quantized layers only ever allocate their packed weights.
     with torch.device("meta"):
         model = model_class(config.architecture)(config, ops).to(dtype)
-        if config.quantization is not None:  # a quantized checkpoint: its layers take packed weights
-            quantize_model(model, config.quantization, config.quant_group_size or 128)
+        if method is not None:
+            quantize_model(model, method, config.quant_group_size or quant_group_size)
     model.to_empty(device=device)
-    _WeightLoader(model).load(weight_files(path))
+    _WeightLoader(model, config.quant_method).load(weight_files(path))
     return model.eval().requires_grad_(False)
 
 
 class _WeightLoader:
     """Each checkpoint tensor to its parameter, through the owning layer's `weight_loader` (see
-    layers/linear.py); the merged layers' shards are found by the model's packed_modules_mapping."""
+    layers/linear.py), or to a quantized layer's reader for the checkpoint's format (see
+    models/quant_loading.py); the merged layers' shards are found by the model's packed_modules_mapping."""
 
-    def __init__(self, model: CausalLM) -> None:
+    def __init__(self, model: CausalLM, quant_method: str | None) -> None:
         self.model = model
-        self.params = {name: (module, t) for module_name, module in model.named_modules()
-                       for name, t in _loadable(module_name, module)}
-        self.pending = {(name, shard) for name, (module, _) in self.params.items()
-                        for shard in (range(len(module.output_sizes)) if hasattr(module, "output_sizes") else [None])}
+        self.readers: dict[str, Callable[[torch.Tensor, int | None], None]] = {}
+        self.pending: set[tuple[str, int | None]] = set()
+        for module_name, module in model.named_modules():
+            shards = range(len(module.output_sizes)) if hasattr(module, "output_sizes") else [None]
+            for name, read in _readers(module, quant_method):
+                full_name = f"{module_name}.{name}" if module_name else name
+                self.readers[full_name] = read
+                if name not in OPTIONAL_TENSORS:
+                    self.pending |= {(full_name, shard) for shard in shards}
 
     def load(self, files: list[Path]) -> None:
         for file in files:
             try:
                 with safe_open(str(file), framework="pt") as f:
-                    for name in f.keys():
+                    names = list(f.keys())
+                # Opened again for each tensor: a tensor is read through a memory map of its file, and a
+                # page read stays resident until the map closes, so that one open file would hold the
+                # whole file in the process's memory by its end (the quantized model plus its unquantized
+                # file, where loading should hold only the quantized model plus one tensor).
+                for name in names:
+                    with safe_open(str(file), framework="pt") as f:
                         self._load_tensor(name, f.get_tensor(name), file)
             except SafetensorError as e:
                 raise ValueError(f"weight file {file} is corrupt or not a safetensors file ({e})") from None
@@ -122,24 +141,26 @@ class _WeightLoader:
             if f".{ckpt}." in name:
                 target, shard = name.replace(f".{ckpt}.", f".{merged}."), idx
                 break
-        if target not in self.params:
+        if target not in self.readers:
             raise ValueError(f"unexpected tensor {name!r} in {file}: the "
                              f"{self.model.config.architecture} model has no such weight")
-        module, param = self.params[target]
         try:
-            getattr(module, "weight_loader", default_weight_loader)(param, tensor, shard)
+            self.readers[target](tensor, shard)
         except ValueError as e:
             raise ValueError(f"tensor {name!r} in {file} {e}") from None
         self.pending.discard((target, shard))
 
 
-def _loadable(module_name: str, module: torch.nn.Module):
-    """(full name, tensor) of what a module reads from a checkpoint: its own parameters, and a
-    quantized layer's packed weights, scales and zero points (buffers, as they are not trained)."""
-    tensors = module.named_buffers(recurse=False) if isinstance(module, QuantLinear) else \
-        module.named_parameters(recurse=False)
-    for name, tensor in tensors:
-        yield (f"{module_name}.{name}" if module_name else name), tensor
+def _readers(module: torch.nn.Module, quant_method: str | None) -> Iterator[tuple[str, Callable]]:
+    """(name, reader(tensor, shard_id)) of each tensor a module reads from a checkpoint: its own
+    parameters, or a quantized layer's tensors in the checkpoint's format (quant_method; None: not
+    quantized, so its weights are quantized as they arrive)."""
+    if isinstance(module, QuantLinear):
+        for name, reader in quant_readers(module, quant_method).items():
+            yield name, partial(reader, module)
+        return
+    for name, param in module.named_parameters(recurse=False):
+        yield name, partial(getattr(module, "weight_loader", default_weight_loader), param)
 
 
 def load_tokenizer(path: Path):

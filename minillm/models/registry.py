@@ -17,6 +17,8 @@ from torch import nn
 from minillm.config.model import ModelConfig
 from minillm.models.llama import LlamaForCausalLM
 from minillm.quant import INT4_GROUP_SIZES, QUANTIZATION_METHODS
+from minillm.quant.compressed_tensors import QUANT_METHOD as COMPRESSED_TENSORS
+from minillm.quant.compressed_tensors import read_compressed_tensors_config
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
@@ -77,7 +79,7 @@ def model_config_from_hf(raw: dict, eos_token_id=None, source: str = "config") -
         raise ValueError(f"num_attention_heads={heads} is not a multiple of "
                          f"num_key_value_heads={kv_heads} in {source}")
     rope_theta, rope_scaling = _read_rope(raw, source)
-    quantization, quant_group_size = _read_quantization(raw, source)
+    quantization, quant_group_size, quant_method = _read_quantization(raw, source)
     eos = raw.get("eos_token_id") if eos_token_id is None else eos_token_id
     eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
     return ModelConfig(
@@ -105,24 +107,29 @@ def model_config_from_hf(raw: dict, eos_token_id=None, source: str = "config") -
         eos_token_ids=eos_ids,
         quantization=quantization,
         quant_group_size=quant_group_size,
+        quant_method=quant_method,
     )
 
 
-def _read_quantization(raw: dict, source: str) -> tuple[str | None, int | None]:
-    """minillm's own `quantization_config` (see models/quant_checkpoint.py); other formats (GPTQ, AWQ, ...)
-    pack their weights differently and are refused rather than misread."""
+def _read_quantization(raw: dict, source: str) -> tuple[str | None, int | None, str | None]:
+    """(quantization, group size, quant_method) of a checkpoint's `quantization_config`: minillm's own
+    (see models/quant_checkpoint.py) or compressed-tensors' int4 (see quant/compressed_tensors.py);
+    other formats (GPTQ, AWQ, ...) pack their weights differently and are refused rather than misread."""
     qc = raw.get("quantization_config")
     if qc is None:
-        return None, None
+        return None, None, None
+    if qc.get("quant_method") == COMPRESSED_TENSORS:
+        return "int4", read_compressed_tensors_config(qc, source), COMPRESSED_TENSORS
     if qc.get("quant_method") != "minillm":
         raise ValueError(f"unsupported quantization_config {qc.get('quant_method')!r} in {source}: minillm reads "
-                         "only checkpoints it quantized itself; load the unquantized model with quantization=...")
+                         f"checkpoints it quantized itself and {COMPRESSED_TENSORS!r} int4 ones; load the "
+                         "unquantized model with quantization=...")
     method, group_size = qc.get("quantization"), qc.get("group_size")
     if method not in QUANTIZATION_METHODS or (method == "int4" and group_size not in INT4_GROUP_SIZES):
         raise ValueError(f"quantization_config in {source} must give a quantization in {QUANTIZATION_METHODS} "
                          f"(int4 with a group_size in {INT4_GROUP_SIZES}); got quantization={method!r}, "
                          f"group_size={group_size!r}")
-    return method, group_size
+    return method, group_size, "minillm"
 
 
 def _read_rope(raw: dict, source: str) -> tuple[float, dict]:

@@ -34,7 +34,9 @@ def quantize_int4(weight: torch.Tensor, group_size: int) -> tuple[torch.Tensor, 
     hi = w.amax(dim=2).clamp(min=0)
     scales = ((hi - lo) / 15).clamp(min=1e-8)
     zeros = torch.round(-lo / scales).clamp(0, 15)
-    q = (torch.round(w / scales[..., None]) + zeros[..., None]).clamp(0, 15)
+    # In place after the division: one full-size float temporary besides w (loading quantizes one
+    # matrix at a time, and these temporaries are its peak memory above the quantized model).
+    q = torch.round_(w / scales[..., None]).add_(zeros[..., None]).clamp_(0, 15)
     return pack_int4(q.view(out_features, in_features)), scales.to(weight.dtype), zeros.to(weight.dtype)
 
 

@@ -14,7 +14,7 @@ def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """weight [out, in] -> (qweight int8 [out, in], scales [out], in weight's dtype)."""
     w = weight.float()
     scales = w.abs().amax(dim=1).clamp(min=1e-8) / 127
-    qweight = torch.round(w / scales[:, None]).clamp(-127, 127).to(torch.int8)
+    qweight = torch.round_(w / scales[:, None]).clamp_(-127, 127).to(torch.int8)  # one float temporary besides w
     return qweight, scales.to(weight.dtype)
 
 
