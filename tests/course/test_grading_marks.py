@@ -1,4 +1,4 @@
-"""Every exercise after the first, graded by minillm-grade: its solution gets full marks and the
+"""Every exercise but exercise 01, graded by minillm-grade: its solution gets full marks and the
 untouched exercise zero, each check failing because it is not implemented yet. (Exercise 01 has
 its own, more detailed grading tests in test_grading.py.)"""
 
@@ -10,7 +10,7 @@ import pytest
 from test_grading import assert_full_marks_and_zero, grade_pair
 
 REPO = Path(__file__).resolve().parents[2]
-POINTS = {"02_paged_kv_cache": 12, "03_triton_attention": 10, "04_continuous_batching": 10,
+POINTS = {"00_welcome": 7, "02_paged_kv_cache": 12, "03_triton_attention": 10, "04_continuous_batching": 10,
           "05_speculative_decoding": 7, "06_quantization": 6, "07_serving": 8, "08_the_engine_on_a_gpu": 10}
 
 
