@@ -2,14 +2,17 @@
 Chromium runs all the cells of one, and its widget must show its controls and its plotly chart,
 answer them, and leave no error in the notebook, the page or its console. Two chapters run whole:
 CacheGrowth (01_kv_cache) answers its unit toggle and its step slider, QuantError (06_quantization)
-its layer dropdown and its method toggle. The other views run in short notebooks written here (their
-chapters' cells generate for minutes on a CPU), and each answers its step slider, which starts at
-the run's step 0 whatever the engine ran before: BlockPool follows an engine whose prefix cache
-already holds the requests' shared prompt (shared and cached blocks), BatchSlots one given more
-requests than max_num_seqs (some wait), each of its 8 slots drawn tall enough to read,
-DraftAcceptance a speculating engine, ServingDashboard a server in the kernel under a burst of
-requests sent with the openai client; and Roofline (chapter 08 measures a larger model) shows a
-small `bench decode` run on the shipped model and answers its series toggle.
+its layer dropdown and its method toggle. The other views run in one short notebook written here
+(their chapters' cells generate for minutes on a CPU), each view with its own engine, and each
+answers its step slider, which starts at the run's step 0 whatever the engine ran before:
+BlockPool follows an engine whose prefix cache already holds the requests' shared prompt (shared
+and cached blocks), BatchSlots one given more requests than max_num_seqs (some wait), each of its 8
+slots drawn tall enough to read, DraftAcceptance a speculating engine, ServingDashboard a server in
+the kernel under a burst of requests sent with the openai client; and Roofline (chapter 08 measures
+a larger model) shows a small `bench decode` run on the shipped model and answers its series toggle.
+
+One JupyterLab and one Chromium serve the whole module (each start costs seconds on 2 cores); each
+notebook gets its own browser context, and its kernels are shut down when its run ends.
 
 Needs Debian's Chromium (/usr/bin/chromium) and playwright; without them the tests skip, unless
 MINILLM_REQUIRE_BROWSER=1 (.ci/run sets it) makes that a failure. Screenshots are written to
@@ -48,7 +51,7 @@ except ImportError:  # a learner's laptop without the dev extras: the tests skip
     expect = sync_playwright = None
 
 if TYPE_CHECKING:
-    from playwright.sync_api import ConsoleMessage, Error, Locator, Page, Route
+    from playwright.sync_api import Browser, ConsoleMessage, Error, Locator, Page, Route
 
 CHROMIUM = Path("/usr/bin/chromium")
 # Headless as root on a machine without GPU or network: no sandbox (it needs an unprivileged
@@ -71,7 +74,7 @@ from minillm.widgets import DraftAcceptance
 
 llm = LLM(os.environ["MINILLM_MODEL"],
           speculative_config={"model": os.environ["MINILLM_DRAFT_MODEL"], "num_speculative_tokens": 4})""",
-    "view = DraftAcceptance(llm)\nview",
+    "draft_view = DraftAcceptance(llm)\ndraft_view",
     """params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
 outputs = llm.generate(["def f(x):\\n    return x\\n\\ndef g(x):\\n", "The little dog"], params)""",
 ]
@@ -89,7 +92,7 @@ system = list(range(10, 58))  # a 48-token system prompt: three blocks of 16 tok
 prompts = [{"prompt_token_ids": system + list(range(100 + 8 * i, 108 + 8 * i))} for i in range(4)]
 params = SamplingParams(max_tokens=8, ignore_eos=True)
 first = llm.generate(prompts[:1], params)""",
-    "view = BlockPool(llm)\nview",
+    "pool_view = BlockPool(llm)\npool_view",
     "outputs = llm.generate(prompts[1:], params)",
 ]
 
@@ -102,7 +105,7 @@ from minillm import LLM, SamplingParams
 from minillm.widgets import BatchSlots
 
 llm = LLM(os.environ["MINILLM_MODEL"], max_num_seqs=8, max_model_len=128)""",
-    "view = BatchSlots(llm)\nview",
+    "slots_view = BatchSlots(llm)\nslots_view",
     """prompts = [{"prompt_token_ids": list(range(10, 10 + n))} for n in (8, 20, 12, 16, 10, 14, 18, 9, 11, 13, 15, 17)]
 params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in (16, 40, 24, 12, 20, 48, 32, 28, 36, 16, 24, 44)]
 outputs = llm.generate(prompts, params)""",
@@ -146,7 +149,7 @@ from minillm.widgets import Roofline
 decode_rows, prefill_rows, summary = bench_decode(os.environ["MINILLM_MODEL"], batches=(1, 4), context=16, steps=3,
                                                   prefill_lens=(32, 128), device="cpu")
 kernels = linear_rows(256, 768, (1, 16), torch.float32, "cpu", summary["copy_GB_s"] * 1e9)""",
-    "view = Roofline(decode_rows, prefill_rows, summary, kernels=kernels)\nview",
+    "roofline_view = Roofline(decode_rows, prefill_rows, summary, kernels=kernels)\nroofline_view",
 ]
 
 # Every request that leaves 127.0.0.1 is aborted, so that a hidden CDN dependency fails here instead
@@ -167,13 +170,46 @@ RUN_FINISHED = """idle => {
         && status !== null && status.textContent.includes(idle);
 }"""
 
-# Each test starts JupyterLab and Chromium and runs a notebook: about 25 s on an idle 2-core
-# machine; the limit leaves room for one shared with other work.
+# The five views, one after the other in one notebook: one kernel start and one torch import for all.
+# Each view keeps its own name: a widget whose last reference goes away is closed, and the page
+# then shows "model not found" in its place.
+VIEW_CELLS = [*DRAFT_ACCEPTANCE_CELLS, *BLOCK_POOL_CELLS, *BATCH_SLOTS_CELLS, *SERVING_DASHBOARD_CELLS, *ROOFLINE_CELLS]
+
+# A chapter's run takes about 25-50 s on an idle 2-core machine, the views' notebook about as long
+# (the first test that needs it pays for it); the limit leaves room for a machine shared with other work.
 pytestmark = [pytest.mark.slow, pytest.mark.browser, pytest.mark.timeout(420)]
 
 
-def test_cache_growth_renders_and_responds_in_jupyterlab(tmp_path: Path) -> None:
-    with notebook_run_in_lab(tmp_path, "notebooks/01_kv_cache.ipynb") as (page, shots):
+@dataclass
+class Lab:
+    """The module's JupyterLab (its URL, its log, the folder it serves) and Chromium."""
+
+    url: str
+    log: Path
+    served: Path
+    browser: Browser
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
+    require_browser()
+    model = NOTEBOOK_ENV["MINILLM_MODEL"]
+    if not (resolve_model_path(model) / "model.safetensors").is_file():
+        pytest.fail(f"the notebook's model {model!r} is missing (minillm/assets/{model}/model.safetensors)")
+    tmp = tmp_path_factory.mktemp("lab")
+    with jupyter_lab(tmp) as (url, server_log), chromium() as browser:
+        yield Lab(url, server_log, served_folder(tmp), browser)
+
+
+@pytest.fixture(scope="module")
+def views(lab: Lab) -> Iterator[tuple[Page, Path]]:
+    """The five views' notebook, run once for the tests of the five views."""
+    with notebook_run_in_lab(lab, write_notebook(lab.served, "views.ipynb", VIEW_CELLS)) as run:
+        yield run
+
+
+def test_cache_growth_renders_and_responds_in_jupyterlab(lab: Lab) -> None:
+    with notebook_run_in_lab(lab, "notebooks/01_kv_cache.ipynb") as (page, shots):
         widget = widget_output(page, "view = CacheGrowth(cached)", shots, "cache_growth",
                                controls=(".widget-toggle-buttons", ".widget-slider"))
         check_cache_growth_shows_whole_run(widget)
@@ -181,25 +217,25 @@ def test_cache_growth_renders_and_responds_in_jupyterlab(tmp_path: Path) -> None
         check_next_link_opens_in_lab(page, "02 · The paged KV cache", "notebooks/02_paged_kv_cache.ipynb")
 
 
-def test_quant_error_renders_and_responds_in_jupyterlab(tmp_path: Path) -> None:
-    with notebook_run_in_lab(tmp_path, "notebooks/06_quantization.ipynb") as (page, shots):
+def test_quant_error_renders_and_responds_in_jupyterlab(lab: Lab) -> None:
+    with notebook_run_in_lab(lab, "notebooks/06_quantization.ipynb") as (page, shots):
         widget = widget_output(page, "QuantError(llm, ", shots, "quant_error",
                                controls=(".widget-dropdown select", METHODS, GROUP_SIZES))
         check_quant_error_responds(widget, shots)
 
 
-def test_draft_acceptance_renders_and_responds_in_jupyterlab(tmp_path: Path) -> None:
-    notebook = write_notebook(tmp_path, "draft_acceptance.ipynb", DRAFT_ACCEPTANCE_CELLS)
-    with notebook_run_in_lab(tmp_path, notebook) as (page, shots):
-        widget = widget_output(page, "view = DraftAcceptance(llm)", shots, "draft_acceptance",
+def test_draft_acceptance_renders_and_responds_in_jupyterlab(views: tuple[Page, Path]) -> None:
+    page, shots = views
+    with shot_on_failure(page, shots, "draft_acceptance"):
+        widget = widget_output(page, "draft_view = DraftAcceptance(llm)", shots, "draft_acceptance",
                                controls=(".widget-slider",))
         check_draft_acceptance_responds(widget, shots)
 
 
-def test_block_pool_renders_and_responds_in_jupyterlab(tmp_path: Path) -> None:
-    notebook = write_notebook(tmp_path, "block_pool.ipynb", BLOCK_POOL_CELLS)
-    with notebook_run_in_lab(tmp_path, notebook) as (page, shots):
-        widget = widget_output(page, "view = BlockPool(llm)", shots, "block_pool", controls=(".widget-slider",))
+def test_block_pool_renders_and_responds_in_jupyterlab(views: tuple[Page, Path]) -> None:
+    page, shots = views
+    with shot_on_failure(page, shots, "block_pool"):
+        widget = widget_output(page, "pool_view = BlockPool(llm)", shots, "block_pool", controls=(".widget-slider",))
         title = widget.locator("text.gtitle")
         shared = widget.locator(".scatterlayer .textpoint").get_by_text("3", exact=True)  # a block's sharer count
         # In the end every request has finished: no block is held, the three prompt blocks stay cached.
@@ -212,10 +248,10 @@ def test_block_pool_renders_and_responds_in_jupyterlab(tmp_path: Path) -> None:
         expect(title).to_contain_text("prefix hits 144 tokens")
 
 
-def test_batch_slots_renders_and_responds_in_jupyterlab(tmp_path: Path) -> None:
-    notebook = write_notebook(tmp_path, "batch_slots.ipynb", BATCH_SLOTS_CELLS)
-    with notebook_run_in_lab(tmp_path, notebook) as (page, shots):
-        widget = widget_output(page, "view = BatchSlots(llm)", shots, "batch_slots", controls=(".widget-slider",))
+def test_batch_slots_renders_and_responds_in_jupyterlab(views: tuple[Page, Path]) -> None:
+    page, shots = views
+    with shot_on_failure(page, shots, "batch_slots"):
+        widget = widget_output(page, "slots_view = BatchSlots(llm)", shots, "batch_slots", controls=(".widget-slider",))
         title = widget.locator("text.gtitle")
         squares = widget.locator(".js-plotly-plot .barlayer .point")  # one per request and step
         expect(title).to_contain_text("Batch slots · 8 of max_num_seqs=8 used")
@@ -227,9 +263,9 @@ def test_batch_slots_renders_and_responds_in_jupyterlab(tmp_path: Path) -> None:
         assert squares.count() < whole_run, "the first step should show fewer squares than the whole run"
 
 
-def test_serving_dashboard_renders_and_responds_in_jupyterlab(tmp_path: Path) -> None:
-    notebook = write_notebook(tmp_path, "serving_dashboard.ipynb", SERVING_DASHBOARD_CELLS)
-    with notebook_run_in_lab(tmp_path, notebook) as (page, shots):
+def test_serving_dashboard_renders_and_responds_in_jupyterlab(views: tuple[Page, Path]) -> None:
+    page, shots = views
+    with shot_on_failure(page, shots, "serving_dashboard"):
         widget = widget_output(page, "dashboard = ServingDashboard(server)", shots, "serving_dashboard",
                                controls=(".widget-slider",))
         title = widget.locator("text.gtitle")
@@ -241,48 +277,62 @@ def test_serving_dashboard_renders_and_responds_in_jupyterlab(tmp_path: Path) ->
         expect(title).to_contain_text("at 0.0 s, after idle time: ")
 
 
-def test_roofline_renders_and_responds_in_jupyterlab(tmp_path: Path) -> None:
-    notebook = write_notebook(tmp_path, "roofline.ipynb", ROOFLINE_CELLS)
-    with notebook_run_in_lab(tmp_path, notebook) as (page, shots):
-        widget = widget_output(page, "view = Roofline(", shots, "roofline", controls=(".widget-toggle-buttons",))
+def test_roofline_renders_and_responds_in_jupyterlab(views: tuple[Page, Path]) -> None:
+    page, shots = views
+    with shot_on_failure(page, shots, "roofline"):
+        widget = widget_output(page, "roofline_view = Roofline(", shots, "roofline",
+                               controls=(".widget-toggle-buttons",))
         check_roofline_responds(widget, shots)
 
 
 @contextlib.contextmanager
-def notebook_run_in_lab(tmp_path: Path, notebook: str) -> Iterator[tuple[Page, Path]]:
-    """Opens `notebook` in JupyterLab in Chromium, runs all its cells and checks they ran cleanly;
-    yields the page and the notebook's screenshot folder (emptied first). Whatever fails, in the
-    notebook or in the caller's checks, leaves failure.png there and the page's and the server's logs
-    in the test's output; in the end no page error, console error or outside request may remain."""
-    require_browser()
-    model = NOTEBOOK_ENV["MINILLM_MODEL"]
-    if not (resolve_model_path(model) / "model.safetensors").is_file():
-        pytest.fail(f"the notebook's model {model!r} is missing (minillm/assets/{model}/model.safetensors)")
+def notebook_run_in_lab(lab: Lab, notebook: str) -> Iterator[tuple[Page, Path]]:
+    """Opens `notebook` in JupyterLab in a fresh browser context, runs all its cells and checks they
+    ran cleanly; yields the page and the notebook's screenshot folder (emptied first). Whatever fails,
+    in the notebook or in the caller's checks, leaves failure.png there and the page's and the
+    server's logs in the test's output; in the end no page error, console error or outside request
+    may remain, and the notebook's kernels (and any it opened, following a link) are shut down."""
     shots = ARTIFACTS / Path(notebook).stem
     shutil.rmtree(shots, ignore_errors=True)  # screenshots of an earlier run must not pass for this one's
     shots.mkdir(parents=True)
 
-    with jupyter_lab(tmp_path) as (url, server_log), chromium_page() as (page, log):
-        try:
-            page.goto(f"{url}/lab/tree/{notebook}")
-            # Starting the kernel (torch import included) takes many seconds; keys pressed and
-            # commands run before it is idle are silently lost.
-            page.locator(".jp-StatusBar-Widget").get_by_text(KERNEL_IDLE).wait_for(timeout=180_000)
-            # Not awaited: the command's promise settles only when the last cell has run.
-            page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
-            page.wait_for_function(RUN_FINISHED, arg=KERNEL_IDLE, timeout=300_000, polling=1000)
-            check_notebook_ran(page)
-            yield page, shots
-        except BaseException:
-            page.screenshot(path=shots / "failure.png")
-            print(f"console errors: {log.console_errors}\npage errors: {log.page_errors}\nblocked: {log.blocked}")
-            print(f"JupyterLab's log:\n{server_log.read_text()[-6000:]}")
-            raise
+    try:
+        with browser_page(lab.browser) as (page, log):
+            try:
+                # A workspace of its own, reset: the shared server's default one would reopen the
+                # notebooks of earlier runs beside this one (their saved widget outputs then show
+                # "model not found", and their unrun cells keep the run from looking finished).
+                page.goto(f"{lab.url}/lab/workspaces/{Path(notebook).stem}/tree/{notebook}?reset")
+                # Starting the kernel (torch import included) takes many seconds; keys pressed and
+                # commands run before it is idle are silently lost.
+                page.locator(".jp-StatusBar-Widget").get_by_text(KERNEL_IDLE).wait_for(timeout=180_000)
+                # Not awaited: the command's promise settles only when the last cell has run.
+                page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
+                page.wait_for_function(RUN_FINISHED, arg=KERNEL_IDLE, timeout=300_000, polling=1000)
+                check_notebook_ran(page)
+                yield page, shots
+            except BaseException:
+                page.screenshot(path=shots / "failure.png")
+                print(f"console errors: {log.console_errors}\npage errors: {log.page_errors}\nblocked: {log.blocked}")
+                print(f"JupyterLab's log:\n{lab.log.read_text()[-6000:]}")
+                raise
+    finally:
+        shut_down_kernels(lab.url)
 
     assert not log.page_errors, "uncaught exceptions in the page:\n" + "\n".join(log.page_errors)
     assert not log.console_errors, "errors in the browser console:\n" + "\n".join(log.console_errors)
     unexpected = sorted(set(log.blocked) - EXPECTED_EXTERNAL.keys())
     assert not unexpected, f"the page needs resources from outside 127.0.0.1: {unexpected}"
+
+
+@contextlib.contextmanager
+def shot_on_failure(page: Page, shots: Path, name: str) -> Iterator[None]:
+    """For the checks of one view of a shared run: a failure leaves <name>-failure.png."""
+    try:
+        yield
+    except BaseException:
+        page.screenshot(path=shots / f"{name}-failure.png")
+        raise
 
 
 def check_next_link_opens_in_lab(page: Page, title: str, path: str) -> None:
@@ -313,7 +363,7 @@ def check_notebook_ran(page: Page) -> None:
 def widget_output(page: Page, cell_source: str, shots: Path, name: str, controls: tuple[str, ...]) -> Locator:
     """The widget in the output of the one cell whose source contains `cell_source`, once its
     `controls` (selectors) and its plotly chart have rendered; the page around it and the widget
-    are saved as page.png and <name>.png."""
+    are saved as <name>-page.png and <name>.png."""
     cell = page.locator(".jp-CodeCell").filter(has=page.locator(".jp-InputArea-editor", has_text=cell_source))
     expect(cell).to_have_count(1)
     widget = cell.locator(".jp-OutputArea-output .widget-vbox").first
@@ -322,7 +372,7 @@ def widget_output(page: Page, cell_source: str, shots: Path, name: str, controls
     expect(widget.locator(".js-plotly-plot .main-svg").first).to_be_visible()
 
     widget.scroll_into_view_if_needed()
-    page.screenshot(path=shots / "page.png")
+    page.screenshot(path=shots / f"{name}-page.png")
     widget.screenshot(path=shots / f"{name}.png")
     return widget
 
@@ -465,12 +515,12 @@ def served_folder(tmp_path: Path) -> Path:
     return tmp_path / "served"
 
 
-def write_notebook(tmp_path: Path, name: str, cells: list[str]) -> str:
-    """A notebook of these code cells, served beside the chapters' copies (for a view no chapter
-    shows); returns its path for `notebook_run_in_lab`."""
+def write_notebook(served: Path, name: str, cells: list[str]) -> str:
+    """A notebook of these code cells, served beside the chapters' copies (for views no chapter
+    shows quickly); returns its path for `notebook_run_in_lab`."""
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells],
                                   metadata={"kernelspec": KERNELSPEC})  # without one, Lab asks which kernel
-    path = served_folder(tmp_path) / "written" / name
+    path = served / "written" / name
     path.parent.mkdir(parents=True)
     nbformat.write(nb, path)
     return f"written/{name}"
@@ -534,6 +584,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def shut_down_kernels(url: str) -> None:
+    """Every kernel of the shared JupyterLab, shut down through its REST API: a finished notebook's
+    engine must not hold memory and threads while the next notebook runs."""
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with opener.open(f"{url}/api/kernels", timeout=30) as reply:
+        kernels = json.load(reply)
+    for kernel in kernels:
+        opener.open(urllib.request.Request(f"{url}/api/kernels/{kernel['id']}", method="DELETE"), timeout=60).close()
+
+
 def wait_until_serving(url: str, server: subprocess.Popen, log_path: Path, timeout: float = 120) -> None:
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never through a proxy
     deadline = time.monotonic() + timeout
@@ -573,26 +633,35 @@ class PageLog:
 
 
 @contextlib.contextmanager
-def chromium_page() -> Iterator[tuple[Page, PageLog]]:
-    """A headless Chromium page that can reach 127.0.0.1 only, and the log of what went wrong in it."""
+def chromium() -> Iterator[Browser]:
+    """A headless Chromium, for the module's pages."""
     from playwright.sync_api import sync_playwright
 
-    log = PageLog()
     # Waits of 5 s (the defaults of expect) are too short on a loaded 2-core machine: a redraw goes
     # through the kernel. The long waits set their own timeouts.
     expect.set_options(timeout=30_000)
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_FLAGS)
         try:
-            # Tall enough for the tallest view (QuantError: its controls and a 980 px chart) to fit
-            # in the notebook's panel: a widget screenshot shows only what is in the viewport.
-            context = browser.new_context(viewport={"width": 1280, "height": 1440})
-            context.set_default_timeout(60_000)
-            context.route("**/*", log.route)
-            page = context.new_page()
-            page.on("console", log.on_console)
-            page.on("pageerror", log.on_page_error)
-            yield page, log
+            yield browser
         finally:
             browser.close()
             expect.set_options(timeout=None)  # back to playwright's default
+
+
+@contextlib.contextmanager
+def browser_page(browser: Browser) -> Iterator[tuple[Page, PageLog]]:
+    """A page in a context of its own that can reach 127.0.0.1 only, and the log of what went wrong in it."""
+    log = PageLog()
+    # Tall enough for the tallest view (QuantError: its controls and a 980 px chart) to fit in the
+    # notebook's panel: a widget screenshot shows only what is in the viewport.
+    context = browser.new_context(viewport={"width": 1280, "height": 1440})
+    try:
+        context.set_default_timeout(60_000)
+        context.route("**/*", log.route)
+        page = context.new_page()
+        page.on("console", log.on_console)
+        page.on("pageerror", log.on_page_error)
+        yield page, log
+    finally:
+        context.close()

@@ -20,6 +20,11 @@ COLAB_VERSIONS = {"ipywidgets": "7.7.1", "plotly": "5.24.1"}
 WIDGET_TESTS = ("test_widgets.py", "test_widget_block_pool.py", "test_widget_batch_slots.py",
                 "test_widget_draft_acceptance.py", "test_widget_quant_error.py", "test_widget_serving_dashboard.py",
                 "test_widget_roofline.py", "test_widget_latency_curve.py")
+# Tests whose cost is an engine's or a server's run, not the widget layer's: each view's drawing and
+# controls are tested here on recorded traces, and LiveView's redraws on a running engine
+# (test_widgets.py) as well, so these three run once, on our versions.
+ENGINE_RUNS = ("test_live_on_a_real_engine_with_chunks_and_preemption", "test_live_on_a_speculating_engine",
+               "test_live_on_a_server_under_a_burst")
 
 # Checked in the same interpreter that then runs the tests, so they surely ran on these versions;
 # on Colab's versions FigureWidget is an ipywidgets widget, not an anywidget one.
@@ -29,7 +34,8 @@ import plotly.graph_objects as go
 found = {{"ipywidgets": ipywidgets.__version__, "plotly": plotly.__version__}}
 assert found == {COLAB_VERSIONS!r}, f"expected Colab's versions, found {{found}}"
 assert isinstance(go.FigureWidget(), ipywidgets.DOMWidget)
-sys.exit(pytest.main(["-q", "-p", "no:cacheprovider", *{[str(HERE / f) for f in WIDGET_TESTS]!r}]))
+sys.exit(pytest.main(["-q", "-p", "no:cacheprovider", "-k", {"not (" + " or ".join(ENGINE_RUNS) + ")"!r},
+                      *{[str(HERE / f) for f in WIDGET_TESTS]!r}]))
 """
 
 

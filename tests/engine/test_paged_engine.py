@@ -48,8 +48,10 @@ def reference_tokens():
 
 
 
-@pytest.mark.parametrize("backend", ["torch", "triton"])
-@pytest.mark.parametrize("caching", [True, False])
+# Triton (interpreted, slow on a CPU) with the prefix cache only: its prompts then take both paths,
+# a cached prefix (the shared system prompt) and a whole prompt (the last one, which shares nothing);
+# test_triton_backend_matches_transformers covers its plain prefill as well.
+@pytest.mark.parametrize("backend,caching", [("torch", True), ("torch", False), ("triton", True)])
 def test_backends_and_prefix_caching_give_the_same_tokens(backend, caching, reference_tokens):
     if backend == "triton":
         pytest.importorskip("triton")

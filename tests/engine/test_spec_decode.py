@@ -75,8 +75,9 @@ def test_greedy_output_is_the_plain_engines(method, k, prompts, plain):
 def test_triton_backend(method, prompts, plain):
     pytest.importorskip("triton")
     llm = LLM("tiny", speculative_config=spec(method, 4), attention_backend="triton", **ENGINE)
-    # Few prompts: the kernels run under Triton's interpreter on a CPU.
-    assert generate(llm, prompts[:4], PARAMS[:4]) == plain[:4]
+    # Two prompts (a batch of verifications that still differ in length): the kernels run under
+    # Triton's interpreter on a CPU.
+    assert generate(llm, prompts[:2], PARAMS[:2]) == plain[:2]
 
 
 @pytest.mark.parametrize("method", [DRAFT, NGRAM], ids=["draft", "ngram"])
