@@ -50,6 +50,9 @@ class RequestOutput:
     finished: bool
     metrics: RequestMetrics | None = None
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
+    # With SamplingParams.prompt_logprobs, once the prompt is computed: None for the first prompt
+    # token (nothing precedes it), then an entry per token, the token itself first.
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None
 
     def __repr__(self) -> str:
         out = self.outputs[0]

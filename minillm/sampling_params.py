@@ -45,6 +45,9 @@ class SamplingParams:
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
     logprobs: int | None = None
+    # Each prompt token after the first scored by the model: its logprob and the top prompt_logprobs
+    # alternatives (vLLM's; RequestOutput.prompt_logprobs).
+    prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     presence_penalty: float = 0.0
@@ -71,8 +74,9 @@ class SamplingParams:
             raise ValueError(f"min_tokens must be <= max_tokens={self.max_tokens}, got {self.min_tokens}")
         if self.seed is not None:
             _integer("seed", self.seed, MIN_SEED, MAX_SEED)
-        if self.logprobs is not None:
-            _integer("logprobs", self.logprobs, 0, MAX_LOGPROBS)
+        for name in ("logprobs", "prompt_logprobs"):
+            if getattr(self, name) is not None:
+                _integer(name, getattr(self, name), 0, MAX_LOGPROBS)
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         if not all(isinstance(s, str) and s for s in stops):
             raise ValueError(f"stop must be a non-empty string or a list of them, got {self.stop!r}")

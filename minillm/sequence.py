@@ -45,6 +45,9 @@ class Sequence:
         self.stop_reason: int | str | None = None
         self.logprobs: list[dict[int, Logprob]] | None = [] if params.logprobs is not None else None
         self.cumulative_logprob: float | None = 0.0 if params.logprobs is not None else None
+        # prompt_logprobs: the first prompt token has none; the others' entries join as prefill reaches them.
+        self.prompt_logprobs: list[dict[int, Logprob] | None] | None = (
+            [None] if params.prompt_logprobs is not None else None)
         self.metrics = RequestMetrics(arrival_time=arrival_time)
         # Incremental detokenisation window (see engine/output_processor.py); starting a few prompt tokens
         # back lets tokenizers that merge a leading space into the first word decode it correctly.
@@ -70,6 +73,21 @@ class Sequence:
     @property
     def is_finished(self) -> bool:
         return self.status is SequenceStatus.FINISHED
+
+    @property
+    def needs_prompt_logprobs(self) -> bool:
+        """Whether prompt logprobs were asked for and some are still to come: until then no prompt
+        token may be skipped, not even by the prefix cache (a cached token gets no logits)."""
+        return self.prompt_logprobs is not None and len(self.prompt_logprobs) < self.num_prompt_tokens
+
+    def num_prompt_logprobs_due(self, start: int, num_tokens: int) -> int:
+        """Of positions start, ..., start + num_tokens - 1, those whose logits score the next prompt
+        token and were not scored yet: a run that ends with the range, or just before the prompt's last
+        position (whose logits sample). A position computed again after a preemption is not scored twice."""
+        if self.prompt_logprobs is None:
+            return 0
+        first = max(start, len(self.prompt_logprobs) - 1)  # entry i is scored at position i - 1
+        return max(0, min(start + num_tokens, self.num_prompt_tokens - 1) - first)
 
     def banned_token_ids(self, offset: int = 0) -> list[int]:
         """Tokens that may not be sampled yet, offset tokens past the end: end-of-sequence tokens

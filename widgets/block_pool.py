@@ -98,11 +98,19 @@ def _caption(trace: Trace, event: StepEvent | None, owners: dict, cached: set[in
         return "no steps yet"
     info = trace.info
     held = len(owners)
-    in_use_tokens = sum(s.kv_tokens for s in event.seqs if s.finish_reason is None)
     hits = sum(s.num_cached_tokens for s in event.seqs)
     block_bytes = info.block_size * info.kv_bytes_per_token
     return (f"after step {event.step}: {held} held ({format_bytes(held * block_bytes)}), "
             f"{event.num_free_blocks} free, {len(cached)} cached · "
-            f"{format_percent(in_use_tokens / max(1, held * info.block_size))} of held slots filled · "
+            f"{format_percent(_filled_slots(event, owners, info.block_size) / max(1, held * info.block_size))} "
+            "of held slots filled · "
             f"prefix hits {hits} tokens")
 
+
+def _filled_slots(event: StepEvent, owners: dict[int, list[tuple[str, int]]], block_size: int) -> int:
+    """Token slots holding K/V in the held blocks, each block counted once however many requests
+    share it: a shared prefix block is one block's worth of tokens, not one per sharer."""
+    kv_tokens = {s.request_id: s.kv_tokens for s in event.seqs}
+    # A block reserved ahead of its tokens (lookahead slots) holds none yet.
+    return sum(max(0, *(min(block_size, kv_tokens.get(request, 0) - logical * block_size)
+                        for request, logical in holders)) for holders in owners.values())

@@ -4,10 +4,11 @@ minillm/course/release.py, after pointing it at a fork for `release`.
 In every notebook of notebooks/, solutions/ and exercises/: the setup cell (cell 0), the badge atop
 the title cell (cell 1), every course link, and every link to another notebook in its two forms, local
 and Colab's (release.course_link); in each chapter, the engine's map after the title cell
-(engine_map.py); in the Markdown docs at the top of the repository and
-in those folders: every course link (release.pin_links). exercises/ is rewritten like the others, not
-regenerated, so that a public copy without solutions/ can be synced too; an exercise rewritten so is
-byte for byte what `python -m minillm.grading.exercises` would generate (tests/course/test_release.py).
+(engine_map.py) with the chapter's run time under it (run_time.py); in the Markdown docs at the top
+of the repository and in those folders: every course link (release.pin_links). exercises/ is
+rewritten like the others, not regenerated, so that a public copy without solutions/ can be synced
+too; an exercise rewritten so is byte for byte what `python -m minillm.grading.exercises` would
+generate (tests/course/test_release.py).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from nbformat.v4 import new_markdown_cell
 
 from minillm.course.engine_map import MAP_HEADING, engine_map
 from minillm.course.release import REPOSITORY, TAG, TAG_PATTERN, colab_badge, pair_links, pin_links, setup_cell, slug
+from minillm.course.run_time import run_time_note
 from minillm.grading.notebook import read, write
 from minillm.version import __version__
 
@@ -67,9 +69,14 @@ def _sync_notebook(nb: NotebookNode, notebook: str, repository: str, tag: str) -
     return [cell.source for cell in nb.cells] != before
 
 
+def chapter_header(chapter: int) -> str:
+    """The cell after a chapter's title: the engine's map with the chapter's parts marked, then its run time."""
+    return f"{engine_map(chapter)}\n\n{run_time_note(chapter)}"
+
+
 def _place_map(nb: NotebookNode, chapter: int) -> None:
-    """The engine's map with the chapter's parts marked, as the cell after the title (added if missing)."""
-    source = engine_map(chapter)
+    """The chapter's header (chapter_header) as the cell after the title (added if missing)."""
+    source = chapter_header(chapter)
     if nb.cells[2].cell_type == "markdown" and nb.cells[2].source.startswith(MAP_HEADING):
         nb.cells[2].source = source
     else:

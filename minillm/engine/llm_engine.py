@@ -240,5 +240,10 @@ class LLMEngine:
             raise TypeError(f"sampling_params must be SamplingParams, got {type(params).__name__}")
         if params.stop_strings and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer; with skip_tokenizer_init=True use stop_token_ids")
-        if params.logprobs is not None and params.logprobs > self.model_config.vocab_size:
-            raise ValueError(f"logprobs must be <= vocab_size={self.model_config.vocab_size}, got {params.logprobs}")
+        for name in ("logprobs", "prompt_logprobs"):
+            if (value := getattr(params, name)) is not None and value > self.model_config.vocab_size:
+                raise ValueError(f"{name} must be <= vocab_size={self.model_config.vocab_size}, got {value}")
+        if params.prompt_logprobs is not None and self.config.speculative is not None:
+            # The model runner's speculative steps do not score prompts.
+            raise ValueError("prompt_logprobs is not supported with speculative decoding (speculative_config); "
+                             "leave one out")

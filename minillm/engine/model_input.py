@@ -5,7 +5,7 @@ target; a draft model builds its own over the same sequences (spec_decode/draft_
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -27,6 +27,9 @@ class ModelInput:
     logits_indices: torch.Tensor
     num_logits: list[int]
     batch: BatchDescriptor | None = None  # the padded shape of a CUDA graph's step, if one replays it
+    # Of each sequence's num_logits rows, how many come first to score its prompt (prompt_logprobs)
+    # rather than to sample; empty when none do.
+    num_prompt_logits: list[int] = field(default_factory=list)
 
     @property
     def num_seqs(self) -> int:
@@ -35,10 +38,10 @@ class ModelInput:
 
 def build_model_input(seqs: list[Sequence], start_pos: list[int], token_ids: list[list[int]],
                       num_logits: list[int], attn_backend: AttentionBackend, buffers: InputBuffers,
-                      graphs: CudaGraphs | None = None) -> ModelInput:
+                      graphs: CudaGraphs | None = None, num_prompt_logits: list[int] | None = None) -> ModelInput:
     """Sequence i feeds token_ids[i] at positions start_pos[i], ...; logits at its last num_logits[i]
-    positions. With `graphs`, padded to the shape of the one that holds the step, if one does: rows
-    past the batch read and write nothing."""
+    positions, the first num_prompt_logits[i] of them scoring its prompt. With `graphs`, padded to
+    the shape of the one that holds the step, if one does: rows past the batch read and write nothing."""
     batch = None if graphs is None else graphs.descriptor([len(ids) for ids in token_ids], num_logits)
     input_ids = [t for ids in token_ids for t in ids]
     positions = [p for start, ids in zip(start_pos, token_ids) for p in range(start, start + len(ids))]
@@ -48,7 +51,7 @@ def build_model_input(seqs: list[Sequence], start_pos: list[int], token_ids: lis
     rows = None if batch is None else batch.num_tokens
     indices = stage(buffers.logits_indices, logits_indices, None if batch is None else batch.num_logits)
     return ModelInput(stage(buffers.input_ids, input_ids, rows), stage(buffers.positions, positions, rows),
-                      metadata, indices[:len(logits_indices)], list(num_logits), batch)
+                      metadata, indices[:len(logits_indices)], list(num_logits), batch, list(num_prompt_logits or []))
 
 
 def compute_logits(model: CausalLM, attn_backend: AttentionBackend, model_input: ModelInput) -> torch.Tensor | None:

@@ -4,6 +4,10 @@ model and computes logits where tokens are due, `sample` turns
 them into tokens, a list for each sequence. Steps replay CUDA graphs where they were captured
 (cuda_graph.py), the draft model's too.
 
+A request with prompt_logprobs also gets logits at the prompt positions of each of its prefill
+chunks: rows of their own before its sampled row, scored against the prompt's next tokens and not
+sampled from. No other request's positions reach the (vocabulary-sized) output head.
+
 With speculative decoding a proposer drafts tokens for the decodes first (spec_decode/), the target
 computes logits at each of them and the rejection sampler keeps what it agrees with."""
 
@@ -24,7 +28,7 @@ from minillm.engine.scheduler import ScheduledBatch
 from minillm.kv.cache_manager import KVCacheManager
 from minillm.models.interface import CausalLM
 from minillm.sample.rejection_sampler import RejectionSampler
-from minillm.sample.sampler import Sampler, SamplingMetadata
+from minillm.sample.sampler import Sampler, SamplerOutput, SamplingMetadata, score_tokens
 from minillm.sequence import Sequence
 from minillm.spec_decode.proposal import Proposer
 
@@ -95,23 +99,44 @@ class ModelRunner:
                      in zip(batch.seqs, starts, batch.num_new_tokens, batch.num_spec_tokens, spec)]
         # Logits at each sampling sequence's last position, and at each of its drafts.
         num_logits = [len(drafts) + 1 if sample else 0 for sample, drafts in zip(batch.do_sample, spec)]
-        return build_model_input(batch.seqs, starts, token_ids, num_logits, self.attn_backend, self.buffers,
-                                 self.cuda_graphs)
+        # And before those, at the prompt positions that score prompt_logprobs.
+        scored = [seq.num_prompt_logprobs_due(start, n)
+                  for seq, start, n in zip(batch.seqs, starts, batch.num_new_tokens)]
+        return build_model_input(batch.seqs, starts, token_ids, [k + p for k, p in zip(num_logits, scored)],
+                                 self.attn_backend, self.buffers, self.cuda_graphs, scored)
 
     def execute(self, model_input: ModelInput) -> torch.Tensor | None:
         """Logits [rows, vocab] at model_input.logits_indices; None if the step samples nothing."""
         return execute_model_input(self.model, self.attn_backend, model_input, self.cuda_graphs)
 
     def sample(self, logits: torch.Tensor | None, seqs: list[Sequence], model_input: ModelInput) -> ModelRunnerOutput:
-        if logits is None:
-            return ModelRunnerOutput([[] for _ in seqs])
-        row_seqs = [seq for seq, k in zip(seqs, model_input.num_logits) for _ in range(k)]
+        num_logits, prompt_logprobs = model_input.num_logits, []
+        if logits is not None and any(model_input.num_prompt_logits):
+            logits, num_logits, prompt_logprobs = score_prompts(logits, seqs, model_input)
+        if not sum(num_logits):
+            return ModelRunnerOutput([[] for _ in seqs], prompt_logprobs=prompt_logprobs)
+        row_seqs = [seq for seq, k in zip(seqs, num_logits) for _ in range(k)]
         sampled = self.sampler(logits, SamplingMetadata.from_seqs(row_seqs, self.device))
         tokens, row = [], 0
-        for k in model_input.num_logits:
+        for k in num_logits:
             tokens.append(sampled.token_ids[row:row + k])
             row += k
-        return ModelRunnerOutput(tokens, sampled)
+        return ModelRunnerOutput(tokens, sampled, prompt_logprobs=prompt_logprobs)
+
+
+def score_prompts(logits: torch.Tensor, seqs: list[Sequence],
+                  model_input: ModelInput) -> tuple[torch.Tensor, list[int], list[SamplerOutput | None]]:
+    """The rows of logits that score prompts taken apart from those to sample: returns the rows to
+    sample, how many of them each sequence has, and each sequence's scored prompt tokens (None if none)."""
+    keep, num_sampled, scored, row = [], [], [], 0
+    for seq, k, p in zip(seqs, model_input.num_logits, model_input.num_prompt_logits):
+        first = len(seq.prompt_logprobs) if p else 0  # the prompt token the first row scores
+        scored.append(score_tokens(logits[row:row + p], seq.token_ids[first:first + p], seq.params.prompt_logprobs)
+                      if p else None)
+        keep.extend(range(row + p, row + k))
+        num_sampled.append(k - p)
+        row += k
+    return logits[keep], num_sampled, scored
 
 
 @torch.inference_mode()

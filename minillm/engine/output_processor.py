@@ -1,5 +1,6 @@
 """After sampling: append each token, turn tokens into text, decide where a sequence stops, and
-make the outputs the user sees.
+make the outputs the user sees; and, for prompt_logprobs, join the prompt tokens each prefill chunk
+scored to their sequence.
 
 The engine's step calls `process_outputs` once, right after the model ran: it is the one place
 where a step's tokens join their sequences and stops are decided, whether a step produced one
@@ -35,7 +36,10 @@ class OutputProcessor:
         received tokens: the finished ones, and every streamed one."""
         outputs = []
         row = 0  # of the sequence's first token in output.sampler_output
-        for seq, tokens in zip(seqs, output.sampled_token_ids):
+        for seq, tokens, scored in zip(seqs, output.sampled_token_ids, output.prompt_logprobs):
+            if scored is not None:
+                seq.prompt_logprobs.extend(self._logprob_entry(scored, i, token, seq.params.prompt_logprobs)
+                                           for i, token in enumerate(scored.token_ids))
             for i, token in enumerate(tokens):
                 self._append_token(seq, token, output.sampler_output, row + i)
                 if seq.finish_reason is not None:
@@ -122,17 +126,21 @@ class OutputProcessor:
         return stop
 
     def _append_logprobs(self, seq: Sequence, sampled: SamplerOutput, row: int, token: int) -> None:
+        seq.logprobs.append(self._logprob_entry(sampled, row, token, seq.params.logprobs))
+        seq.cumulative_logprob += sampled.sampled_logprobs[row]
+
+    def _logprob_entry(self, sampled: SamplerOutput, row: int, token: int, top_n: int) -> dict[int, Logprob]:
+        """Row `row` of sampled as an entry: the token itself first, then the top_n most likely."""
         entry = {token: Logprob(sampled.sampled_logprobs[row], sampled.sampled_ranks[row])}
         for rank, (tid, lp) in enumerate(zip(sampled.top_token_ids[row] if sampled.top_token_ids else [],
                                              sampled.top_logprobs[row] if sampled.top_logprobs else []), 1):
-            if rank > seq.params.logprobs:
+            if rank > top_n:
                 break
             entry.setdefault(tid, Logprob(lp, rank))
         if self.tokenizer is not None:
             for tid, lp in entry.items():
                 lp.decoded_token = self.tokenizer.decode([tid])
-        seq.logprobs.append(entry)
-        seq.cumulative_logprob += sampled.sampled_logprobs[row]
+        return entry
 
     @staticmethod
     def make_output(seq: Sequence) -> RequestOutput:
@@ -147,4 +155,6 @@ class OutputProcessor:
         return RequestOutput(request_id=seq.request_id, prompt=seq.prompt,
                              prompt_token_ids=seq.prompt_token_ids, outputs=[completion],
                              finished=seq.finish_reason is not None, metrics=seq.metrics,
-                             num_cached_tokens=seq.num_cached_tokens)
+                             num_cached_tokens=seq.num_cached_tokens,
+                             # Whole once the prompt is computed, and unchanged after: shared, not copied.
+                             prompt_logprobs=None if seq.needs_prompt_logprobs else seq.prompt_logprobs)

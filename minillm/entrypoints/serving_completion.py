@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncIterator
 
 from minillm.async_llm import AsyncLLM
@@ -9,6 +10,7 @@ from minillm.entrypoints.echo import Echo, echo_prompt
 from minillm.entrypoints.protocol import CompletionRequest
 from minillm.entrypoints.serving_engine import Indexed, Prepared, collect, deltas, now, prepare, usage
 from minillm.outputs import CompletionOutput, Logprob
+from minillm.sampling_params import SamplingParams
 
 
 def prepare_completion(engine: AsyncLLM, request: CompletionRequest) -> Prepared:
@@ -17,10 +19,17 @@ def prepare_completion(engine: AsyncLLM, request: CompletionRequest) -> Prepared
     if request.max_tokens == 0 and not request.echo:
         raise ValueError("max_tokens must be at least 1; 0 (the prompt alone, scored) needs echo: true")
     max_tokens = 1 if request.echo and request.max_tokens == 0 else request.max_tokens
-    prepared = prepare(engine, request.prompts(), lambda j: request.sampling_params(max_tokens, request.logprobs, j),
-                       request.n)
+
+    def choice_params(j: int) -> SamplingParams:
+        params = request.sampling_params(max_tokens, request.logprobs, j)
+        if request.echo and request.logprobs is not None and j == 0:
+            # The engine scores the prompt while prefilling it, once: for its first choice.
+            params = dataclasses.replace(params, prompt_logprobs=request.logprobs)
+        return params
+
+    prepared = prepare(engine, request.prompts(), choice_params, request.n)
     if request.echo:
-        prepared.echoes = [echo_prompt(engine, prompt, request.logprobs) for prompt in prepared.prompts]
+        prepared.echoes = [echo_prompt(engine, prompt) for prompt in prepared.prompts]
     return prepared
 
 
@@ -37,7 +46,9 @@ async def full_response(request: CompletionRequest, request_id: str, prepared: P
         for out in final.values():
             out.outputs[0] = CompletionOutput(0, "", [], None, [] if request.logprobs is not None else None,
                                               "length")
-    choices = [_echoed(i, final[i].outputs[0], prepared.echoes[i // request.n], request) for i in sorted(final)]
+    n = request.n
+    choices = [_echoed(i, final[i].outputs[0], prepared.echoes[i // n], final[i - i % n].prompt_logprobs, request)
+               for i in sorted(final)]
     return {"id": request_id, "object": "text_completion", "created": now(), "model": model,
             "choices": choices, "usage": usage(final, request.n)}
 
@@ -65,11 +76,13 @@ def _choice(index: int, completion: CompletionOutput, text: str, offset: int, re
             "stop_reason": completion.stop_reason if finished else None}
 
 
-def _echoed(index: int, completion: CompletionOutput, echo: Echo, request: CompletionRequest) -> dict:
-    """A choice whose text and logprobs start with its prompt's."""
+def _echoed(index: int, completion: CompletionOutput, echo: Echo,
+            prompt_logprobs: list[dict[int, Logprob] | None] | None, request: CompletionRequest) -> dict:
+    """A choice whose text and logprobs start with its prompt's (prompt_logprobs: the engine's, with
+    None for the first token)."""
     choice = _choice(index, completion, echo.text + completion.text, 0, request)
     if request.logprobs is not None:
-        choice["logprobs"] = _logprobs(echo.logprobs + completion.logprobs, echo.first_token)
+        choice["logprobs"] = _logprobs(prompt_logprobs[1:] + completion.logprobs, echo.first_token)
     return choice
 
 

@@ -71,8 +71,9 @@ class BlockManager:
 
     def match_prefix(self, seq: Sequence) -> list[int]:
         """Cached blocks that hold this sequence's leading tokens. The last token is never covered:
-        the step that admits a sequence must compute at least one token to sample from."""
-        if not self.enable_prefix_caching:
+        the step that admits a sequence must compute at least one token to sample from; and none while
+        the sequence still needs its prompt's logprobs, which only computed tokens have."""
+        if not self.enable_prefix_caching or seq.needs_prompt_logprobs:
             return []
         hits: list[int] = []
         parent = None

@@ -196,3 +196,11 @@ def fill_logprobs(out: SamplerOutput, raw: torch.Tensor, tokens: torch.Tensor, t
     if top_n:
         values, ids = raw.topk(top_n, dim=-1)
         out.top_logprobs, out.top_token_ids = values.tolist(), ids.tolist()
+
+
+def score_tokens(logits: torch.Tensor, token_ids: list[int], top_n: int) -> SamplerOutput:
+    """How likely each row's logits [rows, vocab] make the given token (logprob and rank) and the
+    row's top_n most likely tokens, from the raw logits: a prompt's scores (prompt_logprobs)."""
+    out = SamplerOutput(token_ids=list(token_ids))
+    fill_logprobs(out, logits.log_softmax(dim=-1), torch.tensor(token_ids, device=logits.device), top_n)
+    return out

@@ -13,6 +13,8 @@ from notebook_runs import ROOT
 
 from minillm.course.engine_map import MARK, engine_map
 from minillm.course.release import COURSE_LINK, colab_badge, course_link
+from minillm.course.run_time import run_time_note
+from minillm.course.sync import chapter_header
 
 CHAPTERS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 TITLE = re.compile(r"^# (\d\d) · (.+)$", re.M)
@@ -96,12 +98,15 @@ def test_the_course_map_lists_every_chapter_in_order():
 
 
 @pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.name)
-def test_each_chapter_opens_with_the_engine_map_marking_its_parts(path):
+def test_each_chapter_opens_with_the_engine_map_marking_its_parts_and_its_run_time(path):
     cells = nbformat.read(path, as_version=4).cells
-    expected = engine_map(int(path.name[:2]))
-    assert MARK in expected, f"engine_map.PARTS marks no part for chapter {path.name[:2]}"
-    assert cells[2].source == expected, f"{path.name}: the cell after the title must be the engine's map; run " \
-                                        "`minillm course sync`"
+    chapter = int(path.name[:2])
+    assert MARK in engine_map(chapter), f"engine_map.PARTS marks no part for chapter {path.name[:2]}"
+    assert cells[2].source == chapter_header(chapter), f"{path.name}: the cell after the title must be the " \
+                                                       "engine's map and the run time; run `minillm course sync`"
+    note = run_time_note(chapter)
+    assert re.search(r"About \d+ s on a 2-core CPU .*\(measured\); \d+ to \d+ min on a Colab T4 .*an estimate", note)
+    assert "What a CPU run cannot show here: " in note
 
 
 def test_each_glossary_term_is_used_by_the_chapters_it_cites():

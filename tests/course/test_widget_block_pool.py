@@ -57,6 +57,9 @@ def test_every_block_is_drawn_once_coloured_by_its_holder() -> None:
     assert not grid["free"][0]["ring"]
     caption = fig.layout.title.text
     assert "after step 1: 4 held (1.6 kB), 8 free, 2 cached" in caption and "prefix hits 4 tokens" in caption
+    # Shared block 2 holds 4 tokens once, not once per sharer: 4 + 3 (block 7) + 4 (block 3) + 1 (block 9)
+    # of 16 slots, where adding up the requests' 7 + 9 tokens would read 100%.
+    assert "75% of held slots filled" in caption, caption
 
 
 def test_finished_requests_blocks_are_back_and_scrubbing_moves_in_time() -> None:

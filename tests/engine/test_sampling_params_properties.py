@@ -17,8 +17,8 @@ ODD_TYPES = st.sampled_from([True, False, "1", None, [1], 1.5])
 ANY_INT = st.one_of(EXTREME_INTS, st.integers(), ODD_TYPES)
 ANY_FLOAT = st.one_of(EXTREME_FLOATS, st.floats(), EXTREME_INTS, ODD_TYPES)
 FIELDS = {"temperature": ANY_FLOAT, "top_p": ANY_FLOAT, "min_p": ANY_FLOAT, "top_k": ANY_INT, "seed": ANY_INT,
-          "max_tokens": ANY_INT, "min_tokens": ANY_INT, "logprobs": ANY_INT, "presence_penalty": ANY_FLOAT,
-          "frequency_penalty": ANY_FLOAT, "repetition_penalty": ANY_FLOAT,
+          "max_tokens": ANY_INT, "min_tokens": ANY_INT, "logprobs": ANY_INT, "prompt_logprobs": ANY_INT,
+          "presence_penalty": ANY_FLOAT, "frequency_penalty": ANY_FLOAT, "repetition_penalty": ANY_FLOAT,
           "stop_token_ids": st.lists(ANY_INT, max_size=2)}
 # One or two fields at a time, so that an accepted extreme value is not hidden behind another refused one.
 KWARGS = st.lists(st.sampled_from(sorted(FIELDS)), min_size=1, max_size=2, unique=True).flatmap(
