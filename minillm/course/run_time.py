@@ -2,10 +2,11 @@
 at the top of every chapter (`minillm course sync` writes it; tests/course/test_book.py checks it).
 Only the standard library, like release.py.
 
-The CPU figures are measured: each chapter's run under nbval on CI's machine (2 cores, the shipped
-`tiny` model), rounded up to 5 s. The T4 figures are estimates until a T4 runs the chapters
-(scripts/gpu_check.sh's notebooks step records each chapter's time on the GPU it has): the chapter on
-SmolLM2-360M, whose download (about 1 GB with its draft model) comes once per machine on top.
+The CPU figures are measured: each chapter's run under nbval in the suite on CI's machine (2 cores,
+the shipped `tiny` model), the slower of two runs, rounded up to 5 s. The T4 figures are estimates
+until a T4 runs the chapters (scripts/gpu_check.sh's notebooks step records each chapter's time on the
+GPU it has): the chapter on SmolLM2-360M, whose download (about 1 GB with its draft model) comes once
+per machine on top.
 """
 
 from __future__ import annotations
@@ -21,14 +22,14 @@ class RunTime(NamedTuple):
 
 RUN_TIMES: dict[int, RunTime] = {
     0: RunTime(25, (1, 2), "bf16's rounding (the CPU computes in fp32) and a GPU's time per token"),
-    1: RunTime(40, (1, 2), "a GPU's flat step time below its ridge point, where 64 sequences cost about what "
+    1: RunTime(45, (1, 2), "a GPU's flat step time below its ridge point, where 64 sequences cost about what "
                            "one does"),
     2: RunTime(60, (1, 2), "how many blocks a GPU's memory budget (`gpu_memory_utilization`) buys for a real "
                            "model"),
     3: RunTime(45, (2, 4), "the kernels' speed: Triton's interpreter checks what they compute, not how fast"),
     4: RunTime(45, (2, 4), "launch-bound steps and CUDA graphs, which decide whether continuous batching wins "
                            "on a GPU"),
-    5: RunTime(45, (2, 4), "a GPU's draft and verification costs (c and v), which decide whether speculation "
+    5: RunTime(50, (2, 4), "a GPU's draft and verification costs (c and v), which decide whether speculation "
                            "pays"),
     6: RunTime(30, (2, 4), "the bandwidth the INT8 and INT4 kernels save: the CPU runs the reference matmuls"),
     7: RunTime(75, (2, 4), "latencies at a GPU's step times: the curves' shapes carry over, not their "
