@@ -1,9 +1,10 @@
 """`minillm-grade`: run learners' notebooks and score their check cells.
 
-    minillm-grade submissions/*.ipynb --release exercises/01_kv_cache.ipynb --report grades.csv
+    minillm-grade submissions/*.ipynb --release exercises/01_kv_cache.ipynb --report grades.csv --jobs 4
 
 Each submission runs in a fresh kernel, driven by its own child process with its own wall-clock
-limit, so a crash, an exception or an endless loop costs that submission only. Submissions are
+limit, so a crash, an exception or an endless loop costs that submission only; `--jobs` of them at
+a time. Submissions are
 untrusted code: run this inside a container (see INSTRUCTORS.md).
 """
 
@@ -16,6 +17,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from minillm.grading.notebook import Check, checks, read, write
@@ -95,6 +97,18 @@ def _run_child(notebook: Path, results: Path, log: Path, timeout: float, cwd: Pa
             return True
 
 
+def _grade_all(paths: list[Path], release: list[Check] | None, timeout: float, jobs: int) -> list[list[Row]]:
+    """Each submission's rows, in the order given; up to `jobs` children run at once (threads only
+    wait for them), and each submission's limit is its own, however many run beside it."""
+    def one(numbered: tuple[int, Path]) -> list[Row]:
+        i, path = numbered
+        print(f"[{i}/{len(paths)}] {path}", file=sys.stderr, flush=True)
+        return grade_submission(path, release, timeout)
+
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        return list(pool.map(one, enumerate(paths, start=1)))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="minillm-grade", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -104,12 +118,17 @@ def main(argv: list[str] | None = None) -> int:
                              "summary to stderr)")
     parser.add_argument("--timeout", type=float, default=300,
                         help="wall-clock seconds per submission, kernel start included (default 300)")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="submissions graded at a time, each in its own kernel (default 1); each kernel "
+                             "uses up to OMP_NUM_THREADS cores, so jobs x threads should not exceed the cores")
     parser.add_argument("--release", type=Path,
                         help="the notebook handed out (exercises/NN_name.ipynb): its check cells and points "
                              "replace the submissions' copies, which learners could have edited")
     args = parser.parse_args(argv)
     if args.timeout <= 0:
         parser.error("--timeout must be positive")
+    if args.jobs < 1:
+        parser.error("--jobs must be at least 1")
     release = None
     if args.release is not None:
         release = checks(read(args.release))
@@ -118,10 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print("warning: no --release given, so each submission's own check cells and points are trusted; "
               "a learner who edited a check can pass it", file=sys.stderr)
-    rows: list[Row] = []
-    for i, path in enumerate(args.submissions, start=1):
-        print(f"[{i}/{len(args.submissions)}] {path}", file=sys.stderr, flush=True)
-        rows += grade_submission(path, release, args.timeout)
+    rows = [row for rows in _grade_all(args.submissions, release, args.timeout, args.jobs) for row in rows]
     if args.report == "-":
         write_csv(rows, sys.stdout)
         print(summary(rows), file=sys.stderr)

@@ -231,7 +231,8 @@ def grade_rows(tmp_path: Path, notebooks: dict[str, Path], timeout: int, release
     for name, source in notebooks.items():
         paths.append(tmp_path / f"{name}.ipynb")
         shutil.copy(source, paths[-1])
-    argv = [*map(str, paths), "--report", report, "--timeout", str(timeout)]
+    # Two at a time, one thread each: this machine's two cores, and the order of the report is tested.
+    argv = [*map(str, paths), "--report", report, "--timeout", str(timeout), "--jobs", "2"]
     stdout, stderr = io.StringIO(), io.StringIO()
     with pytest.MonkeyPatch.context() as env, contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
         env.setenv("OMP_NUM_THREADS", "1")  # the kernels share this machine's cores with other jobs
@@ -313,6 +314,8 @@ def test_a_hanging_or_crashing_submission_costs_only_itself(tmp_path):
     }
     rows = grade_rows(tmp_path, notebooks, timeout=20, release=None, report="-")
     summary = {key: (r["passed"], r["points_earned"], r["message"]) for key, r in rows.items()}
+    # Graded two at a time, "loops" finishes last and is still reported first: the order given.
+    assert [name for name, _ in rows] == ["loops", "loops", "crashes", "fine", "fine"]
     assert summary == {
         ("loops", "loops-0"): ("true", "1", ""),
         ("loops", "loops-2"): ("false", "0", "timeout after 20s"),
@@ -324,6 +327,13 @@ def test_a_hanging_or_crashing_submission_costs_only_itself(tmp_path):
     assert f"{tmp_path / 'fine.ipynb'}: cell 1 raised KeyError: 'no check here', outside the checks" in \
         (tmp_path / "grade.log").read_text()
     assert summary[("crashes", "crashes-1")][2].startswith("not run: the kernel died in cell 0")
+
+
+@pytest.mark.parametrize("option", [["--jobs", "0"], ["--timeout", "0"]])
+def test_a_bad_option_is_refused_by_name(option, tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        grade.main([str(tmp_path / "a.ipynb"), "--report", "-", *option])
+    assert f"{option[0]} must be" in capsys.readouterr().err
 
 
 def test_unreadable_or_checkless_submissions_are_reported_not_fatal(tmp_path):
