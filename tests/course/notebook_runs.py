@@ -51,10 +51,11 @@ def with_expected_outputs(notebook: Path, dest: Path) -> Path:
     return path
 
 
-def run_nbval(notebook: Path, timeout: int) -> subprocess.CompletedProcess:
-    """nbval in lax mode: every cell must run without error; only checked cells are compared."""
+def run_nbval(notebook: Path, timeout: int, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """nbval in lax mode: every cell must run without error; only checked cells are compared. `env`
+    adds to the environment the notebook runs in."""
     sanitize = Path(__file__).parent / "nbval_sanitize.cfg"
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--nbval-lax", "--nbval-current-env",
            "--nbval-sanitize-with", str(sanitize), "--rootdir", str(notebook.parent), "-o", "addopts=", str(notebook)]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=notebook.parent,
-                          env={**os.environ, **NOTEBOOK_ENV})
+                          env={**os.environ, **NOTEBOOK_ENV, **(env or {})})

@@ -9,7 +9,10 @@ import copy
 import csv
 import io
 import math
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -239,8 +242,11 @@ def grade_rows(tmp_path: Path, notebooks: dict[str, Path], timeout: int, release
         env.setenv("MINILLM_MODEL", "tiny")  # also on a GPU machine, where the course would pick SmolLM2
         assert grade.main(argv + (["--release", str(release)] if release else [])) == 0
     (tmp_path / "grade.log").write_text(stderr.getvalue())  # the progress, and cells that raised outside checks
-    text = stdout.getvalue() if report == "-" else Path(report).read_text(encoding="utf-8")
-    return {(Path(r["submission"]).stem, r["check_id"]): r for r in csv.DictReader(io.StringIO(text))}
+    return _rows(stdout.getvalue() if report == "-" else Path(report).read_text(encoding="utf-8"))
+
+
+def _rows(report: str) -> dict:
+    return {(Path(r["submission"]).stem, r["check_id"]): r for r in csv.DictReader(io.StringIO(report))}
 
 
 def grade_pair(tmp_path_factory, solution: Path, exercise: Path) -> dict:
@@ -248,6 +254,21 @@ def grade_pair(tmp_path_factory, solution: Path, exercise: Path) -> dict:
     tmp = tmp_path_factory.mktemp(f"grade-{solution.stem}")
     return grade_rows(tmp, {"solution": solution, "exercise": exercise}, timeout=300, release=exercise,
                       report=str(tmp / "grades.csv"))
+
+
+def grade_pair_in_child(tmp: Path, solution: Path, exercise: Path) -> dict:
+    """grade_pair through the command line, in a process of its own, one submission at a time, so
+    that two chapters can be graded at once (grade_rows redirects this process's output)."""
+    paths = [tmp / "solution.ipynb", tmp / "exercise.ipynb"]
+    for source, path in zip((solution, exercise), paths):
+        shutil.copy(source, path)
+    command = [sys.executable, "-m", "minillm.grading.grade", *map(str, paths), "--release", str(exercise),
+               "--report", "-", "--timeout", "300"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=700,
+                            env={**os.environ, "OMP_NUM_THREADS": "1", "MINILLM_MODEL": "tiny"})
+    (tmp / "grade.log").write_text(result.stderr)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return _rows(result.stdout)
 
 
 def assert_full_marks_and_zero(graded: dict, exercise: Path, points: int) -> None:
