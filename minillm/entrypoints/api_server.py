@@ -26,7 +26,7 @@ from minillm.entrypoints import serving_chat, serving_completion
 from minillm.entrypoints.cli_args import MAX_BODY_BYTES
 from minillm.entrypoints.errors import error, validation_error
 from minillm.entrypoints.middleware import ServerGuard
-from minillm.entrypoints.openapi import as_served, errors, streamed
+from minillm.entrypoints.openapi import as_served, errors, returns, streamed
 from minillm.entrypoints.prometheus import prometheus_text
 from minillm.entrypoints.protocol import (
     ChatCompletionRequest,
@@ -34,6 +34,15 @@ from minillm.entrypoints.protocol import (
     DetokenizeRequest,
     SamplingRequest,
     TokenizeRequest,
+)
+from minillm.entrypoints.responses import (
+    ChatCompletionResponse,
+    CompletionResponse,
+    DetokenizeResponse,
+    ModelCard,
+    ModelList,
+    TokenizeResponse,
+    VersionResponse,
 )
 from minillm.entrypoints.serving_engine import Indexed, Prepared, event_stream, fan_out, now, random_id, while_connected
 from minillm.version import __version__
@@ -96,21 +105,21 @@ def build_app(engine: AsyncLLM, served_model_name: str | None = None, api_key: s
         return {"id": model, "object": "model", "created": now(), "owned_by": "minillm",
                 "root": engine.model_name, "max_model_len": engine.llm_engine.max_model_len}
 
-    @app.get("/v1/models", responses=errors(401))
-    async def models() -> dict:
-        return {"object": "list", "data": [card()]}
+    @app.get("/v1/models", responses={**returns(ModelList, "The model served"), **errors(401)})
+    async def models() -> Response:
+        return JSONResponse({"object": "list", "data": [card()]})
 
-    @app.get("/v1/models/{model_id:path}", responses=errors(401, 404))
+    @app.get("/v1/models/{model_id:path}", responses={**returns(ModelCard, "The model served"), **errors(401, 404)})
     async def model_card(model_id: str) -> Response:
         if model_id != model:
             return unknown_model(model_id)
         return JSONResponse(card())
 
-    @app.get("/version")
-    async def version() -> dict:
-        return {"version": __version__}
+    @app.get("/version", responses=returns(VersionResponse, "minillm's version"))
+    async def version() -> Response:
+        return JSONResponse({"version": __version__})
 
-    @app.post("/tokenize", responses=errors(400, 404, 413))
+    @app.post("/tokenize", responses={**returns(TokenizeResponse, "The prompt's token ids"), **errors(400, 404, 413)})
     async def tokenize(request: TokenizeRequest) -> Response:
         if request.model is not None and request.model != model:
             return unknown_model(request.model)
@@ -132,7 +141,7 @@ def build_app(engine: AsyncLLM, served_model_name: str | None = None, api_key: s
             return error(400, str(e))
         return JSONResponse({"count": len(ids), "max_model_len": engine.llm_engine.max_model_len, "tokens": ids})
 
-    @app.post("/detokenize", responses=errors(400, 413))
+    @app.post("/detokenize", responses={**returns(DetokenizeResponse, "The tokens' text"), **errors(400, 413)})
     async def detokenize(request: DetokenizeRequest) -> Response:
         vocab = engine.llm_engine.model_config.vocab_size
         if bad := [t for t in request.tokens if not 0 <= t < vocab]:
@@ -161,14 +170,16 @@ def build_app(engine: AsyncLLM, served_model_name: str | None = None, api_key: s
         body = await full(request, request_id, prepared, model, outputs)
         return Response(status_code=CLIENT_CLOSED) if body is None else JSONResponse(body)
 
-    @app.post("/v1/completions", responses={**streamed("The completion; server-sent events with stream: true"),
-                                            **errors(400, 401, 404, 413, 503)})
+    @app.post("/v1/completions", responses={
+        **streamed(CompletionResponse, "The completion; server-sent events with stream: true"),
+        **errors(400, 401, 404, 413, 503)})
     async def completions(request: CompletionRequest, raw: Request) -> Response:
         return await serve(request, raw, "cmpl", lambda: serving_completion.prepare_completion(engine, request),
                            serving_completion.full_response, serving_completion.stream_chunks)
 
-    @app.post("/v1/chat/completions", responses={**streamed("The chat completion; server-sent events with stream: "
-                                                            "true"), **errors(400, 401, 404, 413, 503)})
+    @app.post("/v1/chat/completions", responses={
+        **streamed(ChatCompletionResponse, "The chat completion; server-sent events with stream: true"),
+        **errors(400, 401, 404, 413, 503)})
     async def chat_completions(request: ChatCompletionRequest, raw: Request) -> Response:
         return await serve(request, raw, "chatcmpl",
                            lambda: serving_chat.prepare_chat(engine, request, chat_template),

@@ -1,8 +1,8 @@
 """The OpenAPI schema (GET /openapi.json) as the server behaves. FastAPI derives it from the routes
 and the request models; what it cannot see is added here (each route's errors in OpenAI's shape,
-the event stream a completion becomes with stream: true, /health's empty answers), and what it
-gets wrong is put right: the 422 it documents for every body, where this server answers 400, and
-the bounds it rounds."""
+the body of each 200 (responses.py: the routes send plain dicts), the event stream a completion
+becomes with stream: true, /health's empty answers), and what it gets wrong is put right: the 422
+it documents for every body, where this server answers 400, and the bounds it rounds."""
 
 from __future__ import annotations
 
@@ -31,9 +31,14 @@ def errors(*statuses: int) -> dict[int | str, dict]:
     return {status: {"model": ErrorResponse, "description": _WHEN[status]} for status in statuses}
 
 
-def streamed(description: str) -> dict[int | str, dict]:
-    """A 200 that is JSON, or server-sent events with stream: true."""
-    return {200: {"description": description, "content": EVENT_STREAM}}
+def returns(model: type[BaseModel], description: str) -> dict[int | str, dict]:
+    """A 200 whose JSON body is model (responses.py: closed, as the server sends it)."""
+    return {200: {"model": model, "description": description}}
+
+
+def streamed(model: type[BaseModel], description: str) -> dict[int | str, dict]:
+    """A 200 that is model as JSON, or server-sent events with stream: true."""
+    return {200: {"model": model, "description": description, "content": EVENT_STREAM}}
 
 
 def as_served(app: FastAPI, request_models: Sequence[type[BaseModel]]) -> None:

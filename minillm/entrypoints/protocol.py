@@ -34,7 +34,7 @@ MAX_N = 128  # choices per request, as OpenAI caps it; each is a request in the 
 UNSUPPORTED: dict[str, tuple] = {
     "tools": ([],), "tool_choice": ("none",), "functions": ([],), "function_call": ("none",),
     "response_format": ({"type": "text"},), "logit_bias": ({},), "suffix": ("",), "best_of": (1,),
-    "prompt_logprobs": (), "guided_json": (), "guided_regex": (), "guided_choice": (), "guided_grammar": (),
+    "guided_json": (), "guided_regex": (), "guided_choice": (), "guided_grammar": (),
 }
 
 
@@ -125,6 +125,8 @@ class SamplingRequest(Request):
     stop_token_ids: list[TokenId] | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    # Each prompt token's logprob and this many alternatives, in the response (not when streamed).
+    prompt_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
 
     def sampling_params(self, max_tokens: int | None, logprobs: int | None, index: int) -> SamplingParams:
         """The engine's parameters for choice `index`; SamplingParams raises ValueError naming the field
@@ -139,6 +141,8 @@ class SamplingRequest(Request):
             max_tokens=max_tokens, min_tokens=self.min_tokens, stop=self.stop, stop_token_ids=self.stop_token_ids,
             ignore_eos=self.ignore_eos, logprobs=logprobs, skip_special_tokens=self.skip_special_tokens,
             include_stop_str_in_output=self.include_stop_str_in_output, presence_penalty=self.presence_penalty,
+            # The n choices of a prompt share its scores: its first choice computes them, once.
+            prompt_logprobs=self.num_prompt_logprobs() if index == 0 else None,
             frequency_penalty=self.frequency_penalty, repetition_penalty=self.repetition_penalty,
             output_kind=RequestOutputKind.CUMULATIVE if self.stream else RequestOutputKind.FINAL_ONLY)
 
@@ -151,6 +155,12 @@ class SamplingRequest(Request):
                 raise ValueError(f"{name} is not supported by minillm (got {value!r:.60}); leave it out")
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options is only allowed with stream: true")
+        if self.prompt_logprobs is not None and self.stream:
+            raise ValueError("prompt_logprobs is not available with stream: true; leave one out")
+
+    def num_prompt_logprobs(self) -> int | None:
+        """The alternatives the engine scores each prompt token with; None: the prompt is not scored."""
+        return self.prompt_logprobs
 
     @property
     def include_usage(self) -> bool:
@@ -167,6 +177,11 @@ class CompletionRequest(SamplingRequest):
         super().refuse_unsupported()
         if self.echo and self.stream:
             raise ValueError("echo is not supported with stream: true by minillm; leave one out")
+
+    def num_prompt_logprobs(self) -> int | None:
+        """echo with logprobs scores the prompt too: with the most alternatives either asks for."""
+        asked = [k for k in (self.prompt_logprobs, self.logprobs if self.echo else None) if k is not None]
+        return max(asked, default=None)
 
     def prompts(self) -> list[dict]:
         """The engine's prompts: text, or token ids (one list or several)."""

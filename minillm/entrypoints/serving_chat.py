@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 from minillm.async_llm import AsyncLLM
+from minillm.entrypoints.prompt_logprobs import prompt_logprobs_body
 from minillm.entrypoints.protocol import ChatCompletionRequest
 from minillm.entrypoints.serving_engine import Indexed, Prepared, collect, deltas, now, prepare, usage
 from minillm.outputs import CompletionOutput, Logprob
@@ -39,8 +40,11 @@ async def full_response(request: ChatCompletionRequest, request_id: str, prepare
         choices.append({"index": index, "message": {"role": "assistant", "content": completion.text},
                         "logprobs": _logprobs(request, completion, 0), "finish_reason": completion.finish_reason,
                         "stop_reason": completion.stop_reason})
+    # As vLLM's: the rendered prompt's scores, once for the response (its first choice computed them).
+    prompt_logprobs = None if request.prompt_logprobs is None \
+        else prompt_logprobs_body(final[0].prompt_logprobs, request.prompt_logprobs)
     return {"id": request_id, "object": "chat.completion", "created": now(), "model": model,
-            "choices": choices, "usage": usage(final, request.n)}
+            "choices": choices, "usage": usage(final, request.n), "prompt_logprobs": prompt_logprobs}
 
 
 async def stream_chunks(request: ChatCompletionRequest, request_id: str, model: str,

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import AsyncIterator
 
 from minillm.async_llm import AsyncLLM
 from minillm.entrypoints.echo import Echo, echo_prompt
+from minillm.entrypoints.prompt_logprobs import prompt_logprobs_body, top_logprobs
 from minillm.entrypoints.protocol import CompletionRequest
 from minillm.entrypoints.serving_engine import Indexed, Prepared, collect, deltas, now, prepare, usage
 from minillm.outputs import CompletionOutput, Logprob
-from minillm.sampling_params import SamplingParams
 
 
 def prepare_completion(engine: AsyncLLM, request: CompletionRequest) -> Prepared:
@@ -20,14 +19,8 @@ def prepare_completion(engine: AsyncLLM, request: CompletionRequest) -> Prepared
         raise ValueError("max_tokens must be at least 1; 0 (the prompt alone, scored) needs echo: true")
     max_tokens = 1 if request.echo and request.max_tokens == 0 else request.max_tokens
 
-    def choice_params(j: int) -> SamplingParams:
-        params = request.sampling_params(max_tokens, request.logprobs, j)
-        if request.echo and request.logprobs is not None and j == 0:
-            # The engine scores the prompt while prefilling it, once: for its first choice.
-            params = dataclasses.replace(params, prompt_logprobs=request.logprobs)
-        return params
-
-    prepared = prepare(engine, request.prompts(), choice_params, request.n)
+    prepared = prepare(engine, request.prompts(), lambda j: request.sampling_params(max_tokens, request.logprobs, j),
+                       request.n)
     if request.echo:
         prepared.echoes = [echo_prompt(engine, prompt) for prompt in prepared.prompts]
     return prepared
@@ -38,17 +31,19 @@ async def full_response(request: CompletionRequest, request_id: str, prepared: P
     """The response once every choice finished; None when the client left first."""
     if (final := await collect(outputs, prepared.count)) is None:
         return None
-    if prepared.echoes is None:
-        choices = [_choice(i, final[i].outputs[0], final[i].outputs[0].text, 0, request) for i in sorted(final)]
-        return {"id": request_id, "object": "text_completion", "created": now(), "model": model,
-                "choices": choices, "usage": usage(final, request.n)}
-    if request.max_tokens == 0:  # the prompt alone: the token generated to get here is dropped
+    if prepared.echoes is not None and request.max_tokens == 0:
+        # The prompt alone: the token generated to get here is dropped.
         for out in final.values():
             out.outputs[0] = CompletionOutput(0, "", [], None, [] if request.logprobs is not None else None,
                                               "length")
-    n = request.n
-    choices = [_echoed(i, final[i].outputs[0], prepared.echoes[i // n], final[i - i % n].prompt_logprobs, request)
-               for i in sorted(final)]
+    choices = []
+    for i in sorted(final):
+        scores = final[i - i % request.n].prompt_logprobs  # the prompt's, scored with its first choice
+        choice = _choice(i, final[i].outputs[0], final[i].outputs[0].text, 0, request) if prepared.echoes is None \
+            else _echoed(i, final[i].outputs[0], prepared.echoes[i // request.n], scores, request)
+        choice["prompt_logprobs"] = None if request.prompt_logprobs is None \
+            else prompt_logprobs_body(scores, request.prompt_logprobs)
+        choices.append(choice)
     return {"id": request_id, "object": "text_completion", "created": now(), "model": model,
             "choices": choices, "usage": usage(final, request.n)}
 
@@ -82,7 +77,9 @@ def _echoed(index: int, completion: CompletionOutput, echo: Echo,
     None for the first token)."""
     choice = _choice(index, completion, echo.text + completion.text, 0, request)
     if request.logprobs is not None:
-        choice["logprobs"] = _logprobs(prompt_logprobs[1:] + completion.logprobs, echo.first_token)
+        # The prompt may have been scored with more alternatives, for prompt_logprobs.
+        prompt = [top_logprobs(entry, request.logprobs) for entry in prompt_logprobs[1:]]
+        choice["logprobs"] = _logprobs(prompt + completion.logprobs, echo.first_token)
     return choice
 
 

@@ -1,6 +1,7 @@
 """GET /openapi.json says what the server does: errors are 400s in OpenAI's shape (never FastAPI's
-422), /health and /metrics are documented with what they send, and each bound a request model
-states is the server's own: a value at it is served, one just past it is refused naming the field."""
+422), /health and /metrics are documented with what they send, each 200 that is JSON is documented
+by a closed schema that what the server sends fits, and each bound a request model states is the
+server's own: a value at it is served, one just past it is refused naming the field."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from collections.abc import Callable, Iterator
 import jsonschema
 import pytest
 from inprocess import app_client, assert_openai_error, assert_still_serving
+from jsonschema.exceptions import ValidationError
 
 from minillm.entrypoints.errors import ErrorResponse
 
@@ -21,6 +23,21 @@ BESIDE = {"top_logprobs": {"logprobs": True}, "min_tokens": {"max_tokens": None}
 # Values within the schema's bounds that the model's own limits refuse (its context, its vocabulary):
 # a 400 all the same, whose message says which limit.
 MODEL_LIMITS = {"max_tokens": "max_model_len", "max_completion_tokens": "max_model_len", "prompt": "prompt_token_ids"}
+MESSAGES = [{"role": "user", "content": "hi"}]
+# Requests whose answers between them carry every field of every documented 200 body, nullable ones
+# both null and not.
+SERVED = [
+    ("get", "/v1/models", None), ("get", "/v1/models/tiny", None), ("get", "/version", None),
+    ("post", "/tokenize", {"prompt": "x"}), ("post", "/tokenize", {"messages": MESSAGES}),
+    ("post", "/detokenize", {"tokens": [1, 2]}),
+    ("post", "/v1/completions", {"prompt": "x", "max_tokens": 2}),
+    ("post", "/v1/completions", {"prompt": ["x", "y z"], "n": 2, "max_tokens": 3, "logprobs": 2, "prompt_logprobs": 1,
+                                 "stop": "z", "stop_token_ids": [0]}),
+    ("post", "/v1/completions", {"prompt": [1, 2, 3], "max_tokens": 0, "echo": True, "logprobs": 1}),
+    ("post", "/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 2}),
+    ("post", "/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 2, "n": 2, "logprobs": True,
+                                      "top_logprobs": 2, "prompt_logprobs": 0}),
+]
 
 
 @pytest.fixture(scope="module")
@@ -59,6 +76,27 @@ def test_health_and_metrics_are_documented_with_what_they_send(client, schema):
     assert metrics.headers["content-type"].startswith("text/plain; version=0.0.4")
     streamed = schema["paths"]["/v1/completions"]["post"]["responses"]["200"]["content"]
     assert set(streamed) == {"application/json", "text/event-stream"}
+
+
+def documented_200(schema: dict, method: str, path: str) -> dict:
+    """The schema of the route's 200 JSON body, resolvable on its own."""
+    body = schema["paths"][path.replace("/tiny", "/{model_id}")][method]["responses"]["200"]["content"]
+    return {**body["application/json"]["schema"], "components": schema["components"]}
+
+
+def test_each_json_200_is_documented_by_a_closed_schema_that_the_answer_fits(client, schema):
+    for method, path, body in SERVED:
+        reply = client.request(method, path, json=body)
+        assert reply.status_code == 200, (path, body, reply.text)
+        documented = documented_200(schema, method, path)
+        jsonschema.validate(reply.json(), documented)
+        # Closed: a field the schema does not name is refused, at the top and in a nested object.
+        with pytest.raises(ValidationError, match="unexpected"):
+            jsonschema.validate({**reply.json(), "extra": 1}, documented)
+        if "choices" in reply.json():
+            choice = reply.json()["choices"][0]
+            with pytest.raises(ValidationError, match="unexpected"):
+                jsonschema.validate({**reply.json(), "choices": [{**choice, "extra": 1}]}, documented)
 
 
 def bounded_leaves(field: dict, wrap: Callable = lambda v: v) -> Iterator[tuple[Callable, dict]]:
@@ -107,5 +145,5 @@ def test_each_bound_of_the_schema_is_the_servers(client, schema, route):
                 checked.append(name)
     # Every sampling field is bounded in the schema, not only in the engine.
     assert {"n", "temperature", "top_p", "top_k", "min_p", "seed", "max_tokens", "min_tokens", "presence_penalty",
-            "frequency_penalty", "repetition_penalty", "stop_token_ids"} <= set(checked)
+            "frequency_penalty", "repetition_penalty", "stop_token_ids", "prompt_logprobs"} <= set(checked)
     assert_still_serving(client)

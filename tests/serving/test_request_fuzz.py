@@ -1,6 +1,7 @@
 """Property-based: whatever values a completion or chat request carries (numbers past every bound,
 NaN and infinities, booleans and strings for numbers, long strings, nested junk), the server answers
-a 400 in OpenAI's shape naming a field, or serves it; never a 5xx, and the engine keeps serving.
+a 400 in OpenAI's shape naming a field, or serves it (a whole response as its schema documents it);
+never a 5xx, and the engine keeps serving.
 
 One engine serves every example (inprocess.py); its short context keeps each served request cheap."""
 
@@ -12,6 +13,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from inprocess import app_client, assert_still_serving
+
+from minillm.entrypoints.responses import ChatCompletionResponse, CompletionResponse
 
 INTS = st.sampled_from([0, 1, -1, 2, 20, 21, 128, 129, 2**31 - 1, 2**31, 2**63 - 1, 2**63, -(2**63) - 1,
                         2**64 - 1, 2**64, 10**30]) | st.integers()
@@ -28,7 +31,7 @@ SAMPLING = {
     "max_tokens": [1, 4], "min_tokens": [0, 2], "presence_penalty": [0.5], "frequency_penalty": [-0.5],
     "repetition_penalty": [1.2], "ignore_eos": [True], "stop": ["\n", ["a", "b"], []], "stop_token_ids": [[0], []],
     "stream": [True, False], "stream_options": [{"include_usage": True}], "user": ["someone"],
-    "skip_special_tokens": [False], "include_stop_str_in_output": [True],
+    "skip_special_tokens": [False], "include_stop_str_in_output": [True], "prompt_logprobs": [0, 3],
 }
 COMPLETION = {"prompt": ["def f(x):", ["a", "b"], [1, 2, 3], [[5], [6, 7]]]}, {
     **SAMPLING, "logprobs": [0, 2], "echo": [True]}
@@ -67,10 +70,11 @@ def check_reply(client, route: str, body: dict) -> None:
     elif reply.headers["content-type"].startswith("text/event-stream"):
         assert reply.text.endswith("data: [DONE]\n\n") and '{"error"' not in reply.text, reply.text[-300:]
     else:
-        assert reply.json()["choices"], reply.text
+        assert RESPONSES[route].model_validate_json(reply.text, strict=True).choices, reply.text
     assert client.get("/health").status_code == 200  # the engine loop survived it
 
 
+RESPONSES = {"/v1/completions": CompletionResponse, "/v1/chat/completions": ChatCompletionResponse}
 FUZZ = settings(max_examples=40, deadline=None, derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
                                        HealthCheck.data_too_large])
