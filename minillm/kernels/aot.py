@@ -98,11 +98,12 @@ def _launch(fn, args: tuple, kwargs: dict) -> Launch:
 def engine_launches(target: GPUSpec, everything: bool) -> dict[Launch, object]:
     """The distinct launches the engine makes on `target` -> their JITFunctions. everything: every
     dtype the target has, head dims 64, 80 and 128, blocks of 16 and 32, the int8 KV cache, the
-    quantized matmuls at 1 row, a few rows and a prefill's many, and the layer kernels at the widest
-    rows they meet (RMSNorm over 8192 channels, SiLU-and-mul over 28672, rotary embedding of 64
-    query heads: Llama-70B's shapes). Otherwise only the launches that
-    bound shared memory: the kernels that stage tiles (prefill, decode, the matmuls) at head dim 128
-    in fp16 (bf16 takes the same tiles) and fp32; a smaller head dim pads to at most 128."""
+    quantized matmuls at 1 row, a few rows (with one slice of the inputs and several) and a
+    prefill's many, and the layer kernels at the widest rows they meet (RMSNorm over 8192 channels,
+    SiLU-and-mul over 28672, rotary embedding of 64 query heads: Llama-70B's shapes). Otherwise
+    only the launches that bound shared memory: the kernels that stage tiles (prefill, decode, the
+    matmuls) at head dim 128 in fp16 (bf16 takes the same tiles) and fp32; a smaller head dim pads
+    to at most 128."""
     from minillm.kernels.activation import silu_and_mul
     from minillm.kernels.paged_decode import paged_decode_attention
     from minillm.kernels.paged_prefill import paged_prefill_attention
@@ -141,6 +142,10 @@ def engine_launches(target: GPUSpec, everything: bool) -> dict[Launch, object]:
                 x = torch.randn(rows, 4096).to(dtype)
                 int8_matmul(x, *int8_args)
                 int4_matmul(x, *int4_args)
+                if everything and rows < 64:  # one slice of the inputs, as a layer wide enough to fill
+                    # the GPU takes: the same tiles as several slices, only the last store differs
+                    int8_matmul(x, *int8_args, split_k=1)
+                    int4_matmul(x, *int4_args, split_k=1)
         for dtype in dtypes if everything else []:
             x = torch.randn(3, 8192).to(dtype)
             rms_norm(x, x[0], 1e-6)
@@ -154,8 +159,8 @@ def engine_launches(target: GPUSpec, everything: bool) -> dict[Launch, object]:
     return {launch: fn for launch, fn in launches.items() if launch.kernel in TILED_KERNELS}
 
 
-# The kernels whose tiles live in shared memory; the others (KV store, split-K and split-KV
-# reductions, the single-row gemv) use a few hundred bytes of it at most.
+# The kernels whose tiles live in shared memory; the others (KV store, the split-KV reduction, the
+# single-row gemv) use a few hundred bytes of it at most.
 TILED_KERNELS = ("_ragged_attention_kernel", "_decode_partition_kernel", "_gemv_kernel", "_gemm_kernel")
 
 

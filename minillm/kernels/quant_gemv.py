@@ -2,11 +2,13 @@
 whole weight, each weight byte read once for all the rows.
 
 One program per block of output channels and per slice of the inputs (split-K), holding every row.
-2 to 16 rows take one tl.dot per tile. A single row has its own kernel (`_gemv_row_kernel`):
-products are summed elementwise in a tile-shaped accumulator and reduced across threads once, at
-the end, and levels become floats by bit tricks rather than int-to-float conversions, which run at
-a quarter of the rate of other arithmetic and would otherwise bound the kernel. The slices' partial
-sums are added by a second small kernel, in a fixed order, so results do not vary from run to run.
+2 to 16 rows take one tl.dot per tile, on fp16 levels whose offset, zero point and scale are applied
+once per tile (`quant_tiles.py`). A single row has its own kernel (`_gemv_row_kernel`) on the plain
+ALUs, where a weight costs one bitwise operation and one fp32 multiply-add: products are reduced
+across threads once per tile (which lies in one group), and the group's scale and zero point applied
+to that sum. Split-K is one launch: the last slice of each output block to finish adds the slices'
+partial sums in a fixed order, so results do not vary from run to run (greedy decoding stays
+reproducible) and a decode step has no extra reduction launch per matmul.
 """
 
 from __future__ import annotations
@@ -15,8 +17,8 @@ import torch
 import triton
 import triton.language as tl
 
-from minillm.kernels.quant_tiles import load_weight_tile, store_rows
-from minillm.kernels.targets import launch_target
+from minillm.kernels.quant_tiles import dot_level_offset, dot_tile, finish_rows, float_levels
+from minillm.kernels.targets import GPUSpec, first_fitting, launch_target, shared_bytes_bound
 
 # tl.dot's smallest row tile on the GPU is 16, so up to 16 rows cost one pass over the weights, the
 # same as one row. And at 16 rows a weight still does little arithmetic per byte read (2 * 16 flops
@@ -27,13 +29,13 @@ GEMV_MAX_ROWS = 16
 
 
 @triton.jit
-def _gemv_kernel(x_ptr, w_ptr, scales_ptr, zeros_ptr, bias_ptr, out_ptr, M, N, K, tiles_per_split,
-                 stride_xm, stride_wn, stride_sn, stride_om, stride_out_split,
-                 INT4: tl.constexpr, GROUP_SIZE: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr,
-                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr):
+def _gemv_kernel(x_ptr, w_ptr, scales_ptr, zeros_ptr, bias_ptr, out_ptr, partial_ptr, counter_ptr, M, N, K,
+                 tiles_per_split, num_splits, stride_xm, stride_wn, stride_sn, stride_om, stride_split,
+                 INT4: tl.constexpr, GROUP_SIZE: tl.constexpr, HAS_BIAS: tl.constexpr, OFFSET: tl.constexpr,
+                 SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                 PRECISION: tl.constexpr):
     """Program (n, s, m): output channels of block n, input slice s, rows of block m (a single
-    block up to GEMV_MAX_ROWS rows). With several slices, out_ptr is an fp32 buffer of partial sums,
-    one [M, N] plane per slice, and bias comes with the reduction."""
+    block up to GEMV_MAX_ROWS rows)."""
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
     offs_m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -44,83 +46,104 @@ def _gemv_kernel(x_ptr, w_ptr, scales_ptr, zeros_ptr, bias_ptr, out_ptr, M, N, K
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     start = split * tiles_per_split * BLOCK_K
     for k0 in range(start, tl.minimum(K, start + tiles_per_split * BLOCK_K), BLOCK_K):
-        w = load_weight_tile(w_ptr, scales_ptr, zeros_ptr, offs_n, mask_n, k0, K, stride_wn, stride_sn,
-                         BLOCK_K, GROUP_SIZE, INT4)
         offs_k = k0 + tl.arange(0, BLOCK_K)
         x = tl.load(x_rows + offs_k[None, :], mask=mask_m[:, None] & (offs_k < K)[None, :], other=0.0)
-        acc = tl.dot(x, tl.trans(w.to(x.dtype)), acc, input_precision=PRECISION)
-    store_rows(acc, scales_ptr, bias_ptr, out_ptr + split.to(tl.int64) * stride_out_split, offs_m, offs_n, mask_m,
-                mask_n, stride_om, INT4, HAS_BIAS)
-
-
-# 2**23 as a float's bit pattern: OR-ing an integer n < 2**23 into its mantissa gives the float
-# 2**23 + n exactly, so subtracting 2**23 recovers n without an int-to-float conversion.
-_MAGIC_BITS = tl.constexpr(0x4B000000)
-_MAGIC = tl.constexpr(8388608.0)
+        acc = dot_tile(acc, x, w_ptr, scales_ptr, zeros_ptr, offs_n, mask_n, k0, K, stride_wn, stride_sn,
+                       BLOCK_K, GROUP_SIZE, INT4, OFFSET, PRECISION)
+    finish_rows(acc, scales_ptr, bias_ptr, out_ptr, partial_ptr, counter_ptr, offs_m, offs_n, mask_m, mask_n,
+                stride_om, split, num_splits, stride_split, INT4, HAS_BIAS, SPLIT)
 
 
 @triton.jit
-def _gemv_row_kernel(x_ptr, w_ptr, scales_ptr, zeros_ptr, bias_ptr, out_ptr, N, K, tiles_per_split, stride_wn,
-                     stride_sn, stride_out_split, INT4: tl.constexpr, GROUP_SIZE: tl.constexpr,
-                     HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """One row of x: program (n, s) sums output channels of block n over input slice s."""
+def _gemv_row_kernel(x_ptr, w_ptr, scales_ptr, zeros_ptr, bias_ptr, out_ptr, partial_ptr, counter_ptr, N, K,
+                     tiles_per_split, num_splits, stride_wn, stride_sn, stride_split, INT4: tl.constexpr,
+                     GROUP_SIZE: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr,
+                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """One row of x: program (n, s) sums output channels of block n over input slice s. Levels are
+    fp32 numbers 2**BITS + level (`float_levels`), the offset folded into the sum as in
+    `quant_tiles.py`."""
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = offs_n < N
     rows = offs_n.to(tl.int64)[:, None] * stride_wn
     start = split * tiles_per_split * BLOCK_K
-    # int4: a byte holds inputs 2j and 2j + 1, so a tile of BLOCK_K inputs is BLOCK_K // 2 bytes,
-    # each multiplied by an even and an odd input.
-    acc = tl.zeros([BLOCK_N, BLOCK_K // 2 if INT4 else BLOCK_K], tl.float32)
-    for k0 in range(start, tl.minimum(K, start + tiles_per_split * BLOCK_K), BLOCK_K):
-        if INT4:  # the tile lies in one group (BLOCK_K divides GROUP_SIZE), and K is a multiple of it
+    end = tl.minimum(K, start + tiles_per_split * BLOCK_K)
+    if INT4:
+        # A byte holds inputs 2j and 2j + 1, so a tile of BLOCK_K inputs is BLOCK_K // 2 bytes, each
+        # multiplied by an even and an odd input. The tile lies in one group (BLOCK_K divides
+        # GROUP_SIZE, and K is a multiple of it): its sum takes the group's scale and zero point.
+        acc = tl.zeros([BLOCK_N], tl.float32)
+        for k0 in range(start, end, BLOCK_K):
             packed = tl.load(w_ptr + rows + k0 // 2 + tl.arange(0, BLOCK_K // 2)[None, :], mask=mask_n[:, None],
                              other=0).to(tl.int32)
+            x_even = tl.load(x_ptr + k0 + 2 * tl.arange(0, BLOCK_K // 2)).to(tl.float32)
+            x_odd = tl.load(x_ptr + k0 + 1 + 2 * tl.arange(0, BLOCK_K // 2)).to(tl.float32)
+            products = tl.sum(float_levels(packed & 0xF, 4) * x_even[None, :]
+                              + float_levels(packed >> 4, 4) * x_odd[None, :], 1)
             group = k0 // GROUP_SIZE
             scale = tl.load(scales_ptr + offs_n * stride_sn + group, mask=mask_n, other=0.0).to(tl.float32)
             zero = tl.load(zeros_ptr + offs_n * stride_sn + group, mask=mask_n, other=0.0).to(tl.float32)
-            low = ((packed & 0xF) | _MAGIC_BITS).to(tl.float32, bitcast=True) - (zero + _MAGIC)[:, None]
-            high = ((packed >> 4) | _MAGIC_BITS).to(tl.float32, bitcast=True) - (zero + _MAGIC)[:, None]
-            x_even = tl.load(x_ptr + k0 + 2 * tl.arange(0, BLOCK_K // 2)).to(tl.float32)
-            x_odd = tl.load(x_ptr + k0 + 1 + 2 * tl.arange(0, BLOCK_K // 2)).to(tl.float32)
-            acc += (low * x_even[None, :] + high * x_odd[None, :]) * scale[:, None]
-        else:  # int8 levels are shifted by 128 to be non-negative for the trick; the row scale comes last
+            acc += (products - tl.sum(x_even + x_odd, 0) * (zero + 16)) * scale
+        acc = acc[None, :]
+    else:
+        # int8: one scale per row, applied when the rows are stored, so products are summed
+        # elementwise over the whole slice and reduced across threads once, at the end. A level q
+        # is stored shifted, as q + 128, to be non-negative for float_levels: 384 + q in all.
+        acc2 = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+        x_sums = tl.zeros([BLOCK_K], tl.float32)
+        for k0 in range(start, end, BLOCK_K):
             offs_k = k0 + tl.arange(0, BLOCK_K)
             mask_k = offs_k < K
             q = tl.load(w_ptr + rows + offs_k[None, :], mask=mask_n[:, None] & mask_k[None, :], other=0).to(tl.int32)
-            w = ((q + 128) | _MAGIC_BITS).to(tl.float32, bitcast=True) - (_MAGIC + 128)
-            acc += w * tl.load(x_ptr + offs_k, mask=mask_k, other=0.0).to(tl.float32)[None, :]
-    store_rows(tl.sum(acc, 1)[None, :], scales_ptr, bias_ptr, out_ptr + split.to(tl.int64) * stride_out_split,
-                tl.zeros([1], tl.int32), offs_n, tl.full([1], 1, tl.int1), mask_n, 0, INT4, HAS_BIAS)
+            x = tl.load(x_ptr + offs_k, mask=mask_k, other=0.0).to(tl.float32)
+            acc2 += float_levels(q + 128, 8) * x[None, :]
+            x_sums += x
+        acc = (tl.sum(acc2, 1) - tl.sum(x_sums, 0) * 384)[None, :]
+    finish_rows(acc, scales_ptr, bias_ptr, out_ptr, partial_ptr, counter_ptr, tl.zeros([1], tl.int32), offs_n,
+                tl.full([1], 1, tl.int1), mask_n, 0, split, num_splits, stride_split, INT4, HAS_BIAS, SPLIT)
 
 
-@triton.jit
-def _split_k_reduce_kernel(partial_ptr, bias_ptr, out_ptr, N, num_splits, stride_split, stride_pm, stride_om,
-                           HAS_BIAS: tl.constexpr, SPLITS_PAD: tl.constexpr, BLOCK_N: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    offs_s = tl.arange(0, SPLITS_PAD).to(tl.int64)
-    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask_n = offs_n < N
-    parts = tl.load(partial_ptr + offs_s[:, None] * stride_split + row * stride_pm + offs_n[None, :],
-                    mask=(offs_s < num_splits)[:, None] & mask_n[None, :], other=0.0)
-    acc = tl.sum(parts, 0)
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
-    tl.store(out_ptr + row * stride_om + offs_n, acc.to(out_ptr.dtype.element_ty), mask=mask_n)
+def gemv_tiles(target: GPUSpec | None, rows: int, int4: bool, group_size: int, element_size: int) -> tuple[int, int]:
+    """(BLOCK_N, BLOCK_K) of the gemv path on `target` (None: the interpreter), a tile lying in one
+    int4 group. The sizes are the fastest of a sweep on an H100 (BENCHMARKS.md). The one-row kernel
+    holds its tiles in registers; the tl.dot kernel stages x's rows and the weight tile in shared
+    memory for the tensor cores, and takes narrower tiles where a GPU has too little of it."""
+    block_k = min(128, group_size) if int4 else (128 if rows > 1 else 256)
+    if rows == 1:
+        return (64 if int4 else 16), block_k
+    if target is None:
+        return 64, block_k
+    block_n = first_fitting(target, [64, 32],
+                            lambda n: shared_bytes_bound(target, GEMV_MAX_ROWS + n, block_k, element_size))
+    return block_n, block_k
 
 
-def _gemv_splits(n_blocks: int, k_tiles: int, rows: int, n: int, weight_bytes: int, device: torch.device,
+def _gemv_splits(target: GPUSpec | None, n_blocks: int, k_tiles: int, rows: int, n: int, weight_bytes: int,
                  programs_per_sm: int) -> int:
     """Slices of K for the gemv path: enough programs to keep every SM's loads in flight (a
     4096-wide layer in blocks of 64 channels is only 64 programs), but no slice shorter than 2
     tiles, and a buffer of fp32 partial sums no larger than a quarter of the weight bytes (it is
-    written, then read back by the reduction, mostly from L2)."""
-    target = launch_target(device)
+    written, then read back by the last slice, mostly from L2)."""
     if target is None:
         return 1  # the interpreter runs programs one after another: slicing only adds work
     want = triton.cdiv(programs_per_sm * target.num_sms, n_blocks)
     return max(1, min(want, k_tiles // 2, weight_bytes // (16 * rows * n)))
+
+
+_counters: dict[torch.device, list[torch.Tensor]] = {}
+
+
+def split_counters(device: torch.device, count: int) -> torch.Tensor:
+    """int32 zeros, one per output block of a split-K launch, kept per device and left at zero by
+    every launch, so that a CUDA graph replays with the same buffer and no host work. Launches on a
+    device run one after another (the engine uses one stream), so they can share it. It grows only
+    on a launch wider than any before, which a graph's warm-up run makes outside the capture; the
+    smaller buffers are kept, since a captured graph may still point at one."""
+    buffers = _counters.setdefault(device, [])
+    if not buffers or buffers[-1].numel() < count:
+        buffers.append(torch.zeros(max(1024, triton.next_power_of_2(count)), dtype=torch.int32, device=device))
+    return buffers[-1]
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor, zeros_arg: torch.Tensor,
@@ -130,32 +153,28 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor, zeros_arg:
     forced, take several blocks of GEMV_MAX_ROWS); arguments as `quant_matmul._quant_matmul` makes them."""
     rows, out_features = out.shape
     in_features = x.shape[1]
-    # Tile shapes as measured fastest on an H100 (BENCHMARKS.md).
-    block_n = 64 if int4 or rows > 1 else 16
-    block_k = min(128, group_size) if int4 else (128 if rows > 1 else 256)
+    target = launch_target(x.device)
+    block_n, block_k = gemv_tiles(target, rows, int4, group_size, x.element_size())
     n_blocks, k_tiles = triton.cdiv(out_features, block_n), triton.cdiv(in_features, block_k)
     if split_k is None:
-        split_k = _gemv_splits(n_blocks, k_tiles, rows, out_features, weight.numel() * weight.element_size(),
-                               x.device, programs_per_sm=8 if int4 and rows == 1 else 4)
+        split_k = _gemv_splits(target, n_blocks, k_tiles, rows, out_features, weight.numel() * weight.element_size(),
+                               programs_per_sm=8 if int4 and rows == 1 else 4)
     tiles_per_split = triton.cdiv(k_tiles, min(split_k, k_tiles))
     splits = triton.cdiv(k_tiles, tiles_per_split)  # no slice left empty
-    target = out if splits == 1 else torch.empty((splits, rows, out_features), dtype=torch.float32,
-                                                 device=x.device)
-    has_bias = bias is not None and splits == 1
-    split_stride = target.stride(0) if splits > 1 else 0
+    m_blocks = 1 if rows == 1 else triton.cdiv(rows, GEMV_MAX_ROWS)
+    if splits > 1:  # the slices' partial sums, laid out as out, one plane per slice
+        partial = torch.empty((splits, rows, out_features), dtype=torch.float32, device=x.device)
+        counters = split_counters(x.device, n_blocks * m_blocks)
+    else:
+        partial, counters = out, out  # never read
+    common = dict(INT4=int4, GROUP_SIZE=group_size, HAS_BIAS=bias is not None, SPLIT=splits > 1, BLOCK_N=block_n,
+                  BLOCK_K=block_k, num_warps=4)
     if rows == 1:
         _gemv_row_kernel[(n_blocks, splits)](
-            x, weight, scales, zeros_arg, bias_arg, target, out_features, in_features, tiles_per_split,
-            weight.stride(0), stride_sn, split_stride, INT4=int4, GROUP_SIZE=group_size, HAS_BIAS=has_bias,
-            BLOCK_N=block_n, BLOCK_K=block_k, num_warps=4)
+            x, weight, scales, zeros_arg, bias_arg, out, partial, counters, out_features, in_features,
+            tiles_per_split, splits, weight.stride(0), stride_sn, partial.stride(0), **common)
     else:
-        _gemv_kernel[(n_blocks, splits, triton.cdiv(rows, GEMV_MAX_ROWS))](
-            x, weight, scales, zeros_arg, bias_arg, target, rows, out_features, in_features, tiles_per_split,
-            x.stride(0), weight.stride(0), stride_sn, target.stride(-2), split_stride,
-            INT4=int4, GROUP_SIZE=group_size, HAS_BIAS=has_bias, BLOCK_M=GEMV_MAX_ROWS,
-            BLOCK_N=block_n, BLOCK_K=block_k, PRECISION=precision, num_warps=4)
-    if splits > 1:
-        reduce_n = 128
-        _split_k_reduce_kernel[(rows, triton.cdiv(out_features, reduce_n))](
-            target, bias_arg, out, out_features, splits, target.stride(0), target.stride(1), out.stride(0),
-            HAS_BIAS=bias is not None, SPLITS_PAD=triton.next_power_of_2(splits), BLOCK_N=reduce_n)
+        _gemv_kernel[(n_blocks, splits, m_blocks)](
+            x, weight, scales, zeros_arg, bias_arg, out, partial, counters, rows, out_features, in_features,
+            tiles_per_split, splits, x.stride(0), weight.stride(0), stride_sn, out.stride(0), partial.stride(0),
+            OFFSET=dot_level_offset(int4, x.dtype), BLOCK_M=GEMV_MAX_ROWS, PRECISION=precision, **common)

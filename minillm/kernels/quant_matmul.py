@@ -7,13 +7,17 @@ every weight once per step, so its time is the time it takes to read the weights
 and reads that back: more traffic than an unquantized layer. Here each program loads tiles of the
 stored bytes and unpacks and scales them in registers, just before they are multiplied, so a weight
 costs what it is stored in: 1 byte (int8) or half a byte (int4) instead of 2 for fp16, plus the
-scales and zero points. The bytes read per weight drop 2x / 4x, and with them the decode time.
+scales and zero points. The bytes read per weight drop 2x / 4x, and with them the decode time, as
+long as unpacking keeps up with the memory: a level becomes a number by one bitwise operation, and
+the scale and zero point are applied once per group's sum rather than to every weight
+(`quant_tiles.py`), the arithmetic fp16 only where that is exact.
 
 Two paths, picked by the number of rows M (`pick_path`):
 - gemv, for decode (M <= GEMV_MAX_ROWS): every weight byte read once for all the rows
   (`quant_gemv.py`);
 - gemm, for prefill: the classic tiling over rows and output channels with tl.dot. It is
   compute-bound: the weight tiles are re-read once per block of rows, mostly from L2.
+Tile shapes come from the GPU a launch is for (`targets.py`), so that each fits its shared memory.
 """
 
 from __future__ import annotations
@@ -24,7 +28,8 @@ import triton.language as tl
 
 from minillm.kernels import dot_precision
 from minillm.kernels.quant_gemv import GEMV_MAX_ROWS, gemv
-from minillm.kernels.quant_tiles import load_weight_tile, store_rows
+from minillm.kernels.quant_tiles import dot_level_offset, dot_tile, store_rows
+from minillm.kernels.targets import GPUSpec, first_fitting, launch_target, shared_bytes_bound
 
 PATHS = ("auto", "gemv", "gemm")
 INPUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -33,8 +38,8 @@ INPUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 @triton.jit
 def _gemm_kernel(x_ptr, w_ptr, scales_ptr, zeros_ptr, bias_ptr, out_ptr, M, N, K,
                  stride_xm, stride_wn, stride_sn, stride_om,
-                 INT4: tl.constexpr, GROUP_SIZE: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr,
-                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr):
+                 INT4: tl.constexpr, GROUP_SIZE: tl.constexpr, HAS_BIAS: tl.constexpr, OFFSET: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr):
     # Row blocks vary fastest (program_id 0): the programs running at the same time share the same
     # few blocks of weights, which are then read from memory about once and from L2 after that.
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -46,12 +51,23 @@ def _gemm_kernel(x_ptr, w_ptr, scales_ptr, zeros_ptr, bias_ptr, out_ptr, M, N, K
     for k0 in range(0, K, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         x = tl.load(x_rows + offs_k[None, :], mask=mask_m[:, None] & (offs_k < K)[None, :], other=0.0)
-        w = load_weight_tile(w_ptr, scales_ptr, zeros_ptr, offs_n, mask_n, k0, K, stride_wn, stride_sn,
-                         BLOCK_K, GROUP_SIZE, INT4)
-        # tl.dot takes x's dtype. int4: the dequantized tile is rounded to it, as the reference's
-        # dequantized weight is; int8: the raw levels are, exactly (the row scale comes after).
-        acc = tl.dot(x, tl.trans(w.to(x.dtype)), acc, input_precision=PRECISION)
+        acc = dot_tile(acc, x, w_ptr, scales_ptr, zeros_ptr, offs_n, mask_n, k0, K, stride_wn, stride_sn,
+                       BLOCK_K, GROUP_SIZE, INT4, OFFSET, PRECISION)
     store_rows(acc, scales_ptr, bias_ptr, out_ptr, offs_m, offs_n, mask_m, mask_n, stride_om, INT4, HAS_BIAS)
+
+
+def gemm_tiles(target: GPUSpec | None, int4: bool, group_size: int, element_size: int) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, BLOCK_K, num_stages) of the gemm path on `target` (None: the interpreter),
+    a tile lying in one int4 group. Tiles of 64 x 128 outputs keep the tensor cores busy on every
+    GPU here; the loads of x's tiles run ahead of the arithmetic by up to 3 tiles, each in shared
+    memory, as many as fit beside the weight tile in a block's shared memory (one on a T4 in fp32)."""
+    block_m, block_n = 64, 128
+    block_k = min(64, group_size) if int4 else 64
+    if target is None:
+        return block_m, block_n, block_k, 1  # the interpreter does not pipeline
+    stages = first_fitting(target, [3, 2, 1],
+                           lambda s: shared_bytes_bound(target, s * block_m + block_n, block_k, element_size))
+    return block_m, block_n, block_k, stages
 
 
 def pick_path(rows: int) -> str:
@@ -142,14 +158,13 @@ def _quant_matmul(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor, z
         path = pick_path(rows)
 
     if path == "gemm":
-        block_m, block_n = 64, 128
-        block_k = min(64, group_size) if int4 else 64
+        block_m, block_n, block_k, stages = gemm_tiles(launch_target(x.device), int4, group_size, x.element_size())
         grid = (triton.cdiv(rows, block_m), triton.cdiv(out_features, block_n))
         _gemm_kernel[grid](
             x, weight, scales, zeros_arg, bias_arg, out, rows, out_features, in_features,
             x.stride(0), weight.stride(0), stride_sn, out.stride(0),
-            INT4=int4, GROUP_SIZE=group_size, HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=block_n,
-            BLOCK_K=block_k, PRECISION=precision, num_warps=8, num_stages=3)
+            INT4=int4, GROUP_SIZE=group_size, HAS_BIAS=bias is not None, OFFSET=dot_level_offset(int4, x.dtype),
+            BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, PRECISION=precision, num_warps=8, num_stages=stages)
         return out.view(*lead, out_features)
 
     gemv(x, weight, scales, zeros_arg, bias, bias_arg, out, int4, group_size, stride_sn, precision, split_k)

@@ -45,10 +45,14 @@ def test_every_launch_fits_every_gpu(compiled):
         assert {"_ragged_attention_kernel", "_decode_partition_kernel", "_gemv_kernel",
                 "_gemm_kernel"} <= kernels, target
     a100 = {r["kernel"] for r in compiled if r["target"] == "A100"}
-    assert {"_merge_partitions_kernel", "_store_kvcache_kernel", "_gemv_row_kernel", "_split_k_reduce_kernel",
+    assert {"_merge_partitions_kernel", "_store_kvcache_kernel", "_gemv_row_kernel",
             "_rms_norm_kernel", "_fused_add_rms_norm_kernel", "_silu_and_mul_kernel", "_rotary_kernel"} <= a100
     assert any("*bf16" in r["config"] for r in compiled if r["target"] == "A100")
     assert not any("*bf16" in r["config"] for r in compiled if r["target"] == "T4")  # no bf16 before cc 8.0
+    # The decode matmuls with one input slice and with several (split-K, reduced in the same launch).
+    gemv = {(r["target"], r["kernel"], "SPLIT=True" in r["config"]) for r in compiled if "gemv" in r["kernel"]}
+    kernels = ("_gemv_kernel", "_gemv_row_kernel")
+    assert {("A100", kernel, split) for kernel in kernels for split in (False, True)} <= gemv
 
 
 def test_the_launchers_shrink_tiles_where_a_gpu_has_less_shared_memory(compiled):

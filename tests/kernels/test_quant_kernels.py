@@ -1,9 +1,15 @@
 """The quantized matmul kernels (minillm.kernels.quant_matmul) against their references
-(minillm.quant.matmul_reference), on random signed inputs: every row count on both paths, shapes whose
-output width is off the block sizes, every int4 group size, with and without bias. Without a GPU
-they run in Triton's CPU interpreter (conftest sets TRITON_INTERPRET=1): fp32 and fp16, no bf16."""
+(minillm.quant.matmul_reference). On inputs chosen so that every sum either side computes is exact
+(power-of-two scales, inputs on a coarse grid), the kernels must give the reference's result bit
+for bit, rounded once to the output dtype: every row count on both paths, with one input slice and
+with several, shapes whose output width is off the block sizes, every int4 group size, with and
+without bias. On random quantized weights and random signed inputs, they must stay within the
+rounding that fp32 sums allow (`tolerance`). Without a GPU they run in Triton's CPU interpreter
+(conftest sets TRITON_INTERPRET=1): fp32 and fp16, no bf16."""
 
 from __future__ import annotations
+
+import math
 
 import pytest
 import torch
@@ -14,19 +20,22 @@ pytest.importorskip("triton")
 from minillm.kernels.ops import load_ops  # noqa: E402
 from minillm.kernels.quant_matmul import GEMV_MAX_ROWS, int4_matmul, int8_matmul, pick_path  # noqa: E402
 from minillm.layers.quant_linear import QuantLinear, quantize_model  # noqa: E402
-from minillm.quant.int4 import dequantize_int4, quantize_int4  # noqa: E402
+from minillm.quant.int4 import dequantize_int4, pack_int4, quantize_int4  # noqa: E402
 from minillm.quant.int8 import dequantize_int8, quantize_int8  # noqa: E402
 from minillm.quant.matmul_reference import int4_matmul_ref, int8_matmul_ref  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if DEVICE == "cuda" else [])
-TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}  # relative, against fp32
 ROWS = (1, 3, GEMV_MAX_ROWS, GEMV_MAX_ROWS + 1)
 # (in_features K, out_features N): no N is a multiple of the 64 (gemv) or 128 (gemm) channel blocks,
 # and 200 spans several blocks of both; K = 96 is not a multiple of the gemm's 64-input tiles.
 SHAPES = ((64, 48), (96, 40), (128, 96), (256, 40), (256, 200))
-GROUP_SIZES = (32, 64, 128)
+# The engine's group sizes on every shape; the kernels' smallest (16: one tl.dot's depth) and one
+# wider than a tile (256: a group spans several tiles) on one shape.
+GROUP_CASES = [(k, n, g) for k, n in SHAPES for g in (32, 64, 128) if k % g == 0] + [(64, 48, 16), (256, 40, 256)]
 KERNELS = {"int8": (int8_matmul, int8_matmul_ref), "int4": (int4_matmul, int4_matmul_ref)}
+# half an ulp: the relative rounding of a result to the output dtype
+UNIT_ROUNDOFF = {torch.float32: 2.0 ** -24, torch.float16: 2.0 ** -11, torch.bfloat16: 2.0 ** -8}
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -35,6 +44,22 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 def generator(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
+
+
+def tolerance(method: str, dtype: torch.dtype, k: int) -> float:
+    """The relative error (norm-wise) that rounding allows a kernel against the fp32 reference on
+    random signed inputs. The result rounds once to its dtype (UNIT_ROUNDOFF). Before that both sides
+    sum in fp32, the kernels over terms that carry the level offset (`quant_tiles.py`): up to
+    `offset + level` times an input, where the result's terms are |level - zero| times it, about 4
+    (int4's 16 levels) or 36 (int8 on a Gaussian row) on average. K roundings of random sign, each
+    at most 2^-23 of its partial sum (2^-24 and a bit for tensor cores' truncating accumulators),
+    give a random walk of about 2^-23 * sqrt(K) times the ratio of those sizes, relative to the
+    result, itself a sum of random signs. Offsets: fp16 1024 (+ 128 for int8's shift); fp32 and
+    bf16 only the one-row kernel's 16 (int4) and 384 (int8)."""
+    half = dtype == torch.float16
+    largest_term = (1024 + 15 if half else 16 + 15) if method == "int4" else (1152 + 127 if half else 384 + 127)
+    typical_level = 4 if method == "int4" else 36
+    return UNIT_ROUNDOFF[dtype] + 2.0 ** -23 * math.sqrt(k) * largest_term / typical_level
 
 
 def random_weight(k: int, n: int, seed: int) -> torch.Tensor:
@@ -51,8 +76,34 @@ def quantized(method: str, k: int, n: int, dtype: torch.dtype, group_size: int =
     return quantize_int8(w) if method == "int8" else (*quantize_int4(w, group_size), group_size)
 
 
+def exactly_summed(method: str, k: int, n: int, dtype: torch.dtype, group_size: int = 0, seed: int = 0) -> tuple:
+    """Weight arguments whose sums with `grid_inputs` are exact in fp32 on every path: random levels
+    and zero points, scales that are powers of two (2^-3 .. 1), so that no product or partial sum
+    needs more than fp32's 24 bits, whatever the order or the level offset."""
+    g = generator(seed)
+
+    def powers_of_two(*shape: int) -> torch.Tensor:
+        return (2.0 ** -torch.randint(0, 4, shape, generator=g)).to(dtype)
+
+    if method == "int8":
+        return torch.randint(-127, 128, (n, k), generator=g).to(torch.int8), powers_of_two(n)
+    levels = torch.randint(0, 16, (n, k), generator=g)
+    zeros = torch.randint(0, 16, (n, k // group_size), generator=g).to(dtype)
+    return pack_int4(levels), powers_of_two(n, k // group_size), zeros, group_size
+
+
+def grid_inputs(*shape: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
+    """Signed multiples of 1/16 in [-2, 2]: exact in fp16 and bf16, and with the weights above every
+    kernel sum (at most 768 inputs x (1152 + 127) x 2, in units of 1/16) stays below 2^24."""
+    return (torch.randint(-32, 33, shape, generator=generator(seed)) / 16).to(dtype)
+
+
 def as_fp32(args: tuple) -> tuple:
     return tuple(a.float() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args)
+
+
+def as_fp64(args: tuple) -> tuple:
+    return tuple(a.double() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args)
 
 
 def to_device(args: tuple) -> tuple:
@@ -63,42 +114,61 @@ def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     return ((out.float() - ref.float()).norm() / ref.float().norm()).item()
 
 
-def check_every_row_count_on_both_paths(method: str, weight_args: tuple, k: int, n: int, dtype: torch.dtype,
-                                        seed: int) -> None:
+PATHS = (("gemv", 1), ("gemv", 3), ("gemm", None))  # gemv with one input slice and with several, gemm
+
+
+def check_exact_on_every_row_count_and_path(method: str, weight_args: tuple, k: int, n: int, dtype: torch.dtype,
+                                            seed: int) -> None:
     kernel, reference = KERNELS[method]
     weight_args = to_device(weight_args)
-    bias = torch.randn(n, generator=generator(seed + 1)).to(dtype).to(DEVICE)
+    bias = grid_inputs(n, dtype=dtype, seed=seed + 1).to(DEVICE)
     for i, rows in enumerate(ROWS):
-        x = torch.randn(rows, k, generator=generator(seed + 2 + rows)).to(dtype).to(DEVICE)
-        # gemv with one input slice and with several, gemm; each with and without bias by turns.
-        for j, (path, split_k) in enumerate((("gemv", 1), ("gemv", 3), ("gemm", None))):
-            b = bias if (i + j) % 2 else None
+        x = grid_inputs(rows, k, dtype=dtype, seed=seed + 2 + rows).to(DEVICE)
+        for j, (path, split_k) in enumerate(PATHS):
+            b = bias if (i + j) % 2 else None  # with and without bias by turns
             out = kernel(x, *weight_args, b, path=path, split_k=split_k)
-            ref = reference(x.float(), *as_fp32(weight_args), None if b is None else b.float())
+            ref = reference(x.double(), *as_fp64(weight_args), None if b is None else b.double())
             assert out.dtype == dtype and out.shape == (rows, n)
-            err = relative_error(out, ref)
-            assert err < TOLERANCE[dtype], (rows, path, b is not None, split_k, err)
+            assert torch.equal(out, ref.to(dtype)), (rows, path, split_k, b is not None,
+                                                     (out.double() - ref).abs().max().item())
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_name)
 @pytest.mark.parametrize("k,n", SHAPES)
-def test_int8_matches_reference(k, n, dtype):
-    check_every_row_count_on_both_paths("int8", quantized("int8", k, n, dtype, seed=k + n), k, n, dtype, seed=k)
+def test_int8_is_exact(k, n, dtype):
+    args = exactly_summed("int8", k, n, dtype, seed=k + n)
+    check_exact_on_every_row_count_and_path("int8", args, k, n, dtype, seed=k)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_name)
-@pytest.mark.parametrize("k,n,group_size", [(k, n, g) for k, n in SHAPES for g in GROUP_SIZES if k % g == 0])
-def test_int4_matches_reference(k, n, group_size, dtype):
-    args = quantized("int4", k, n, dtype, group_size, seed=k + n + group_size)
-    check_every_row_count_on_both_paths("int4", args, k, n, dtype, seed=k + group_size)
+@pytest.mark.parametrize("k,n,group_size", GROUP_CASES)
+def test_int4_is_exact(k, n, group_size, dtype):
+    args = exactly_summed("int4", k, n, dtype, group_size, seed=k + n + group_size)
+    check_exact_on_every_row_count_and_path("int4", args, k, n, dtype, seed=k + group_size)
+
+
+@pytest.mark.parametrize("method", ["int8", "int4"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_name)
+def test_random_weights_and_inputs_within_rounding(method, dtype):
+    k, n = 256, 40
+    kernel, reference = KERNELS[method]
+    weight_args = to_device(quantized(method, k, n, dtype, 128, seed=7))
+    bias = torch.randn(n, generator=generator(8)).to(dtype).to(DEVICE)
+    cases = ((1, "gemv", 3, bias), (3, "gemv", 1, None), (GEMV_MAX_ROWS + 1, "gemm", None, bias))
+    for rows, path, split_k, b in cases:
+        x = torch.randn(rows, k, generator=generator(9 + rows)).to(dtype).to(DEVICE)
+        ref = reference(x.float(), *as_fp32(weight_args), None if b is None else b.float())
+        err = relative_error(kernel(x, *weight_args, b, path=path, split_k=split_k), ref)
+        assert err < tolerance(method, dtype, k), (rows, path, split_k, err)
 
 
 @pytest.mark.parametrize("method", ["int8", "int4"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_name)
 def test_unpacking_and_dequantization_in_the_kernel_are_exact(method, dtype):
     """x = identity gives y = W.T with one product per output: any difference from the reference's
-    dequantized weight (a swapped nibble, a wrong group's scale or zero point) shows, rounding
-    cannot hide it. Single one-hot rows check the gemv path's one-row case the same way."""
+    dequantized weight (a swapped nibble, a wrong group's scale or zero point, a scale applied
+    before the zero point is subtracted) shows, rounding cannot hide it. Single one-hot rows check
+    the gemv path's one-row case the same way."""
     k, n, group_size = 128, 80, 32
     weight_args = to_device(quantized(method, k, n, dtype, group_size))
     dequantized = dequantize_int8(*weight_args) if method == "int8" else dequantize_int4(*weight_args)
@@ -108,6 +178,42 @@ def test_unpacking_and_dequantization_in_the_kernel_are_exact(method, dtype):
         assert torch.equal(kernel(identity, *weight_args, path=path).T, dequantized), path
     for i in (0, 1, 31, 32, k - 1):  # both nibbles of a byte, both sides of a group boundary, the last input
         assert torch.equal(kernel(identity[i], *weight_args, path="gemv"), dequantized[:, i]), i
+
+
+@pytest.fixture
+def launches(monkeypatch) -> list[str]:
+    """The names of the Triton kernels launched (under the interpreter, or on the GPU)."""
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    names = []
+    for cls in (InterpretedFunction, JITFunction):
+        run = cls.run
+
+        def counted(self, *args, _run=run, **kwargs):
+            names.append(self.__name__)
+            return _run(self, *args, **kwargs)
+
+        monkeypatch.setattr(cls, "run", counted)
+    return names
+
+
+@pytest.mark.parametrize("method", ["int8", "int4"])
+def test_split_k_is_one_deterministic_launch_that_leaves_its_counters_at_zero(method, launches):
+    from minillm.kernels import quant_gemv
+
+    k, n = 768, 40  # 3 tiles of the one-row int8 kernel's 256 inputs, 6 of int4's 128
+    weight_args = to_device(exactly_summed(method, k, n, torch.float16, 128, seed=1))
+    kernel, reference = KERNELS[method]
+    bias = grid_inputs(n, dtype=torch.float16, seed=2).to(DEVICE)
+    for rows in (1, 3):
+        x = grid_inputs(rows, k, dtype=torch.float16, seed=3).to(DEVICE)
+        launches.clear()
+        out = kernel(x, *weight_args, bias, split_k=3)
+        assert len(launches) == 1, launches
+        assert torch.equal(out, reference(x.double(), *as_fp64(weight_args), bias.double()).to(torch.float16))
+        assert not quant_gemv.split_counters(x.device, 1).any()
+        assert torch.equal(kernel(x, *weight_args, bias, split_k=3), out)
 
 
 def test_auto_path_follows_the_row_count_and_leading_dims_are_kept():
@@ -130,7 +236,8 @@ def test_gemm_with_several_row_blocks():
     k, n, rows = 128, 200, 150  # 3 blocks of 64 rows, 2 of 128 channels
     weight_args = to_device(quantized("int8", k, n, torch.float32))
     x = torch.randn(rows, k, generator=generator(5)).to(DEVICE)
-    assert relative_error(int8_matmul(x, *weight_args), int8_matmul_ref(x, *weight_args)) < TOLERANCE[torch.float32]
+    error = relative_error(int8_matmul(x, *weight_args), int8_matmul_ref(x, *weight_args))
+    assert error < tolerance("int8", torch.float32, k)
 
 
 @pytest.fixture
