@@ -9,12 +9,12 @@ MAP_HEADING = "**Where this chapter sits in the engine**"
 
 # A request's path, in order: (part, what it does, where it lives, the chapters that build it).
 PARTS: tuple[tuple[str, str, str, tuple[int, ...]], ...] = (
-    ("scheduler", "who runs this step, with how many tokens", "engine/scheduler.py", (4,)),
-    ("KV-cache manager", "each sequence's blocks, the prefix cache", "kv/", (1, 2)),
+    ("scheduler", "who runs this step, with how many tokens", "engine/scheduler.py", (4, 9)),
+    ("KV-cache manager", "each sequence's blocks, the prefix cache", "kv/", (1, 2, 9)),
     ("model runner", "the step's inputs, CUDA graphs", "engine/model_runner.py", (8,)),
-    ("model", "embeddings, decoder layers, logits", "models/, layers/", (0, 6)),
-    ("kernels", "attention, quantized and fused ops", "kernels/, attention/", (3, 6, 8)),
-    ("sampler", "next tokens; drafts verified", "sample/, spec_decode/", (0, 5)),
+    ("model", "embeddings, decoder layers, logits", "models/, layers/", (0, 6, 9)),
+    ("kernels", "attention, quantized and fused ops", "kernels/, attention/", (3, 6, 8, 9)),
+    ("sampler", "next tokens; drafts verified", "sample/, spec_decode/", (0, 5, 9)),
     ("output processor", "text, stops, metrics", "engine/output_processor.py", (4, 7)),
 )
 SERVER = ("server", "OpenAI-compatible HTTP around it all", "entrypoints/", (7,))
@@ -22,7 +22,7 @@ MARK = "◀ this chapter"
 
 
 def engine_map(chapter: int) -> str:
-    """The map cell of a chapter (its number, 0 to 8): the diagram with its parts marked, and a link to
+    """The map cell of a chapter (its number, 0 to 9): the diagram with its parts marked, and a link to
     the glossary."""
     name_width = max(len(part[0]) for part in (*PARTS, SERVER))
     text_width = max(len(part[1]) for part in (*PARTS, SERVER))

@@ -259,14 +259,17 @@ def grade_pair(tmp_path_factory, solution: Path, exercise: Path) -> dict:
 def grade_pair_in_child(tmp: Path, solution: Path, exercise: Path) -> dict:
     """grade_pair through the command line, in a process of its own, one submission at a time, so
     that two chapters can be graded at once (grade_rows redirects this process's output)."""
-    paths = [tmp / "solution.ipynb", tmp / "exercise.ipynb"]
+    paths = [tmp / "solution" / "solution.ipynb", tmp / "exercise" / "exercise.ipynb"]
     for source, path in zip((solution, exercise), paths):
+        path.parent.mkdir()
+        for neighbour in source.parent.glob("[0-9][0-9]_*.ipynb"):  # the capstone reads the exercises beside it
+            shutil.copy(neighbour, path.parent)
         shutil.copy(source, path)
     command = [sys.executable, "-m", "minillm.grading.grade", *map(str, paths), "--release", str(exercise),
                "--report", "-", "--timeout", "300"]
     result = subprocess.run(command, capture_output=True, text=True, timeout=700,
                             env={**os.environ, "OMP_NUM_THREADS": "1", "MINILLM_MODEL": "tiny"})
-    (tmp / "grade.log").write_text(result.stderr)
+    (paths[0].parent / "grade.log").write_text(result.stderr)  # where assert_full_marks_and_zero reads it
     assert result.returncode == 0, result.stderr[-3000:]
     return _rows(result.stdout)
 

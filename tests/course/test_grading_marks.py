@@ -19,7 +19,8 @@ from minillm.course.run_time import RUN_TIMES
 
 REPO = Path(__file__).resolve().parents[2]
 POINTS = {"00_welcome": 7, "02_paged_kv_cache": 12, "03_triton_attention": 10, "04_continuous_batching": 10,
-          "05_speculative_decoding": 7, "06_quantization": 6, "07_serving": 8, "08_the_engine_on_a_gpu": 10}
+          "05_speculative_decoding": 7, "06_quantization": 6, "07_serving": 8, "08_the_engine_on_a_gpu": 10,
+          "09_your_engine": 7}
 
 
 @pytest.fixture(scope="module")
