@@ -35,7 +35,9 @@ class LLM:
         speculative_config: None, or vLLM's dict for speculative decoding, {"model": "tiny-draft",
         "num_speculative_tokens": 4} (a draft model of the same vocabulary) or {"method": "ngram",
         "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2} (drafts copied
-        from the sequence itself); see spec_decode/."""
+        from the sequence itself); see spec_decode/. load_format: "auto" (the checkpoint's safetensors) or
+        "dummy" (random weights of the config's shapes made on the device, only config.json read: for
+        measurements, vLLM's meaning)."""
         self.llm_engine = LLMEngine(model, **engine_args)
         self._request_ids = itertools.count()
 

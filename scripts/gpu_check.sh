@@ -119,7 +119,7 @@ wheels_for() {
     return 1
 }
 
-step 1 env 10 bash -c "nvidia-smi; $PY -m minillm.cli env"
+step 1 env 6 bash -c "nvidia-smi; $PY -m minillm.cli env"
 # A 1.1B Llama (TinyLlama's shape) with random weights, written while the first steps run (unless a
 # run before this one on the machine wrote it, its tokenizer last): the text does not matter, the shapes do.
 MODEL_PID=
@@ -131,12 +131,16 @@ fi
 step 1 kernels 20 $PY -m minillm.cli bench kernels --models tiny --kernels torch triton --out "$OUTDIR/kernels.json"
 step 1 attention 12 $PY -m minillm.cli bench attention --out "$OUTDIR/attention.json"
 [ -z "$MODEL_PID" ] || wait $MODEL_PID || echo "writing the 1.1B model failed: model.log"
-step 1 decode 40 bash -c "$PY -m minillm.cli bench decode --model $MODEL_DIR --dtype bfloat16 \
+# The roofline of the 1.1B model (its graphs' capture time and memory among it) and its launch count;
+# then batch-1 decode of a Llama-2-7B shape, graphed, its random weights made on the GPU (nothing read
+# from disk: load_format="dummy"), against the copy and read-only bandwidths.
+step 1 decode 65 bash -c "$PY -m minillm.cli bench decode --model $MODEL_DIR --dtype bfloat16 \
     --out $OUTDIR/decode.json && $PY -m minillm.cli bench kernels --models $MODEL_DIR --dtype bfloat16 \
-    --out $OUTDIR/kernels-1b.json"
+    --out $OUTDIR/kernels-1b.json && $PY -m minillm.cli bench decode --shape llama-2-7b --dtype bfloat16 \
+    --batches 1 --prefill-lens --modes graphs --out $OUTDIR/decode-7b.json"
 # Speculative decoding, greedy: the course's pair (draft model, n-gram) at batches 1, 4 and 16 (where
 # it stops paying) and, on the 1.1B model, draft = target, whose verification cost v is the target's.
-step 1 spec 65 bash -c "$PY -m minillm.cli bench spec --device cuda --ks 2 4 --batch-sizes 1 4 16 \
+step 1 spec 55 bash -c "$PY -m minillm.cli bench spec --device cuda --ks 2 4 --batch-sizes 1 4 16 \
     --temperatures 0 --num-tokens 96 --out $OUTDIR/spec.json && $PY -m minillm.cli bench spec \
     --model $MODEL_DIR --device cuda --dtype bfloat16 --methods draft=target --ks 4 --batch-sizes 1 \
     --temperatures 0 --num-tokens 64 --out $OUTDIR/spec-1b.json"
@@ -144,8 +148,21 @@ step 1 throughput 95 $PY -m minillm.cli bench throughput --model "$MODEL_DIR" --
     --out "$OUTDIR/throughput.json"
 step 1 quant 40 $PY -m minillm.cli bench quant --model tiny --device cuda --num-prompts 16 --num-tokens 32 \
     --out "$OUTDIR/quant.json"
-# Host time per step by phase (schedule, prepare, execute, sample, update): what bounds a small model.
-step 1 host 15 $PY -m minillm.cli bench step --device cuda --steps 30 --out "$OUTDIR/step.json"
+# Host time per step by phase (schedule, prepare, execute, sample, update): what bounds a small model,
+# before and after. Before: the engine of $BASELINE, the last commit before issue 25's fused kernels
+# and its host work (device-side argmax, pinned staging), on the same tiny weights; from the git
+# history where it is here, else from the tree scripts/gpu_wheels.sh exported beside the wheels.
+BASELINE=${GPU_CHECK_BASELINE:-d92481a}
+BEFORE=
+if git rev-parse -q --verify "$BASELINE^{commit}" >/dev/null 2>&1; then
+    BEFORE="--baseline $BASELINE"
+elif [ -f "$WHEELS/baseline-$BASELINE/minillm/__init__.py" ]; then
+    BEFORE="--baseline $WHEELS/baseline-$BASELINE"
+else
+    echo "no $BASELINE to compare the host step with (no git history, no $WHEELS/baseline-$BASELINE): after only"
+fi
+step 1 host 20 $PY -m minillm.cli bench step --model "$REPO/minillm/assets/tiny" --device cuda --batch-sizes 1 16 \
+    --steps 30 $BEFORE --out "$OUTDIR/step.json"
 
 # pytest-xdist, where it is installed, runs the GPU tests in parallel on the one GPU.
 XDIST=$($PY -c "import xdist" 2>/dev/null && echo "-n 6")

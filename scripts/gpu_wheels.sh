@@ -23,3 +23,11 @@ count=$(ls "$DIR"/*.whl | wc -l)
 bytes=$(du -cb "$DIR"/*.whl | tail -1 | cut -f1)
 echo "$count wheels, $((bytes / 1024 / 1024)) MiB in $DIR"
 echo "install on the GPU machine (only what it lacks): $PY scripts/install_wheels.py $DIR /tmp/site"
+# With the default list: the engine that scripts/gpu_check.sh's host step measures as "before" (its
+# tiny weights are this checkout's), for a GPU machine whose copy of the checkout has no git history.
+BASELINE=${GPU_CHECK_BASELINE:-d92481a}
+if [ $# -le 1 ] && git rev-parse -q --verify "$BASELINE^{commit}" >/dev/null 2>&1; then
+    rm -rf "$DIR/baseline-$BASELINE"
+    git archive --prefix="baseline-$BASELINE/" "$BASELINE" minillm ':!minillm/assets' | tar -x -C "$DIR"
+    echo "the host step's before: $BASELINE's minillm in $DIR/baseline-$BASELINE ($(du -sh "$DIR/baseline-$BASELINE" | cut -f1))"
+fi

@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from minillm.bench.shapes import SHAPES
 from minillm.quant import INT4_GROUP_SIZES
 from minillm.utils.arg_types import int_in, parsed_by
 
@@ -90,10 +92,16 @@ def _bench_attention(args) -> None:
 
 def _bench_decode(args) -> None:
     from minillm.bench.decode import DECODE_COLUMNS, PREFILL_COLUMNS, bench_decode
+    from minillm.bench.random_llama import write_llama_config
     from minillm.bench.report import format_table, write_json
 
-    decode, prefill, summary = bench_decode(args.model, tuple(args.batches), args.context, args.steps,
-                                            tuple(args.prefill_lens), device=args.device, dtype=args.dtype)
+    with tempfile.TemporaryDirectory(prefix="minillm-shape-") as folder:
+        # A shape: its config alone on disk, the weights made at random on the device.
+        model = args.model if args.shape is None else str(write_llama_config(folder, **SHAPES[args.shape]))
+        decode, prefill, summary = bench_decode(model, tuple(args.batches), args.context, args.steps,
+                                                tuple(args.prefill_lens), device=args.device, dtype=args.dtype,
+                                                modes=tuple(args.modes),
+                                                load_format="auto" if args.shape is None else "dummy")
     print(format_table(decode, DECODE_COLUMNS))
     if prefill:
         print(format_table(prefill, PREFILL_COLUMNS))
@@ -208,6 +216,10 @@ def add_bench_commands(sub: argparse._SubParsersAction, model_args: Callable[[ar
     dec.add_argument("--context", type=int_in(1), default=512, help="tokens already in each sequence's cache")
     dec.add_argument("--steps", type=int_in(1), default=10, help="decode steps timed per batch size")
     dec.add_argument("--prefill-lens", type=int_in(1), nargs="*", default=[128, 512, 2048, 8192])
+    dec.add_argument("--modes", nargs="+", default=["eager", "graphs"], choices=["eager", "graphs"])
+    dec.add_argument("--shape", default=None, choices=list(SHAPES),
+                     help="instead of --model: a Llama of this shape with random weights made on the device "
+                          "(load_format='dummy'; nothing written but its config)")
     quant_bench = bench_command("quant", "weight bytes, perplexity and tokens/s of each quantization scheme, the "
                                 "int8 KV cache, and (CUDA) the matmul kernels against fp16", _bench_quant)
     text_arg(quant_bench)
@@ -238,7 +250,8 @@ def add_bench_commands(sub: argparse._SubParsersAction, model_args: Callable[[ar
     spec.add_argument("--num-tokens", type=int_in(1), default=128, help="generated per request")
     step.add_argument("--steps", type=int_in(1), default=50, help="decode steps timed per batch size")
     step.add_argument("--baseline", metavar="REV", default=None,
-                      help="also measure this git revision's engine (a temporary worktree), and compare")
+                      help="also measure this git revision's engine (a temporary worktree), or that of a folder "
+                           "holding a revision's exported tree, and compare")
     _add_serve(bench_command("serve", "an OpenAI-compatible server under load over HTTP, streaming: TTFT, TPOT, "
                              "ITL, throughput and goodput at each request rate", _bench_serve))
 

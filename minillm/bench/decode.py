@@ -10,7 +10,9 @@ below any GPU's ridge (hundreds), so it is bound by bandwidth, and adding sequen
 until their weights' flops catch up. Prefill does the same for every prompt token at once and is
 bound by compute. The table gives, per step: time, tokens/s, bytes moved over time as GB/s and as
 a share of the copy bandwidth, TFLOP/s, the step's intensity and which roof bounds it. Decode runs
-both eagerly and replaying CUDA graphs (on a GPU), where the gap is the CPU's launch overhead.
+both eagerly and replaying CUDA graphs (on a GPU), where the gap is the CPU's launch overhead; the
+summary has the graphs' capture time and memory. `--shape llama-2-7b` decodes a model of that shape
+whose random weights are made on the device (load_format="dummy"): a 7B model in a short GPU run.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ DECODE_COLUMNS = [("mode", "mode"), ("batch", "batch"), ("step_ms", "step ms"), 
                   ("TFLOP_s", "TFLOP/s"), ("intensity", "flop/byte"), ("bound", "bound by")]
 # The mixed step: one prompt prefilled beside many decodes, as continuous batching admits requests.
 MIXED_CHUNK, MIXED_DECODES = 512, 63
+MODES = ("eager", "graphs")
 PREFILL_COLUMNS = [("mode", "mode"), ("tokens", "prompt tokens"), ("ms", "ms (time to first token)"),
                    ("TFLOP_s", "TFLOP/s"), ("of_peak", "of matmul peak"), ("intensity", "flop/byte"),
                    ("bound", "bound by")]
@@ -183,22 +186,35 @@ def _roofline(row: dict, moved: float, flops: float, seconds: float, ridge: floa
 
 def bench_decode(model: str, batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256), context: int = 512,
                  steps: int = 10, prefill_lens: tuple[int, ...] = (128, 512, 2048, 8192), device: str | None = None,
-                 dtype: str = "auto") -> tuple[list[dict], list[dict], dict]:
+                 dtype: str = "auto", modes: tuple[str, ...] = MODES,
+                 load_format: str = "auto") -> tuple[list[dict], list[dict], dict]:
     """Decode at each batch size (contexts of `context` tokens), eagerly and (CUDA) with graphs; on a
     GPU, a step of a 512-token prompt beside 63 decodes, likewise; prefill of one prompt of each
-    length, likewise. Random token ids: the shapes are what matter."""
-    common = dict(device=device, dtype=dtype, skip_tokenizer_init=True, enable_prefix_caching=False)
+    length, likewise. Random token ids: the shapes are what matter. modes: MODES or one of them
+    ("graphs" alone runs eagerly, labelled so, where the engine captures none); load_format "dummy":
+    random weights made on the device, for a model folder that holds only its config.json."""
+    if not modes or any(mode not in MODES for mode in modes):
+        raise ValueError(f"modes must be some of {MODES}, got {modes!r}")
+    common = dict(device=device, dtype=dtype, skip_tokenizer_init=True, enable_prefix_caching=False,
+                  load_format=load_format)
     blocks_per_seq = -(-(max(context, MIXED_CHUNK) + steps + 16) // 16)
     decode_rows = []
     mixed_ms: dict[str, float] = {}
-    for mode in ("eager", "graphs"):
+    capture: dict[str, float] = {}
+    for mode in (m for m in MODES if m in modes):
         llm = LLM(model, **common, max_num_seqs=max(batches), num_kv_blocks=max(batches) * blocks_per_seq,
                   max_model_len=max(context, MIXED_CHUNK) + steps + 16, enforce_eager=mode == "eager")
         engine = llm.llm_engine
         dev, config, torch_dtype = engine.device, engine.model_config, engine.dtype
-        if mode == "graphs" and engine.model_runner.cuda_graphs is None:
-            break  # no Triton here: eager is all there is
-        if mode == "eager":
+        graphs = engine.model_runner.cuda_graphs
+        if mode == "graphs" and graphs is None:
+            if decode_rows:
+                break  # no Triton here: eager is all there is, and it was measured
+            mode = "eager"
+        elif mode == "graphs":
+            capture = {"graph_capture_s": graphs.capture_seconds, "graph_memory_GiB": graphs.memory_bytes / 2**30,
+                       "graphs_captured": len(graphs.graphs)}
+        if not decode_rows:
             read_bytes, _ = weight_bytes(engine.model)
             kv_token = kv_bytes_per_token(config, torch_dtype)
             roof_bytes = (1 << 30) if dev.type == "cuda" else (256 << 20)
@@ -215,18 +231,20 @@ def bench_decode(model: str, batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64,
                                           "tokens_per_s": batch / seconds}, moved, flops, seconds, ridge, copy_bw))
         if dev.type == "cuda" and max(batches) > MIXED_DECODES:  # what graphs change: a GPU's figure
             mixed_ms[mode] = _mixed_step_seconds(llm, MIXED_DECODES, MIXED_CHUNK, context) * 1e3
-        del llm, engine
+        del llm, engine, graphs
         gc.collect()
         if dev.type != "cuda":
             break  # CUDA graphs are for CUDA devices
 
     prefill_rows = []
-    for mode in ("eager", "graphs") if prefill_lens else ():
+    for mode in (m for m in MODES if m in modes) if prefill_lens else ():
         longest = max(prefill_lens)
         llm = LLM(model, **common, max_num_seqs=1, max_num_batched_tokens=longest, max_model_len=longest + 1,
                   num_kv_blocks=-(-longest // 16) + 1, enforce_eager=mode == "eager")
         if mode == "graphs" and llm.llm_engine.model_runner.cuda_graphs is None:
-            break
+            if prefill_rows:
+                break
+            mode = "eager"
         for tokens in prefill_lens:
             seconds = _prefill_seconds(llm, tokens)
             moved = read_bytes + tokens * kv_token
@@ -253,6 +271,9 @@ def bench_decode(model: str, batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64,
                                             if best == "graphs" and 1 in batches else None),
                "first_compute_bound_batch": next((r["batch"] for r in decode_rows
                                                   if r["mode"] == best and r["bound"] == "compute"), None),
-               f"mixed_step_ms ({MIXED_CHUNK}-token prompt + {MIXED_DECODES} decodes)": mixed_ms}
+               f"mixed_step_ms ({MIXED_CHUNK}-token prompt + {MIXED_DECODES} decodes)": mixed_ms,
+               # The graphs' start-up cost, every step shape of this engine (engine/cuda_graph.py).
+               "graph_capture_s": capture.get("graph_capture_s"), "graph_memory_GiB": capture.get("graph_memory_GiB"),
+               "graphs_captured": capture.get("graphs_captured")}
     return decode_rows, prefill_rows, summary
 

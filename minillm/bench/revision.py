@@ -25,7 +25,13 @@ def _git(folder: Path, *args: str) -> str:
 @contextmanager
 def checkout(rev: str) -> Iterator[tuple[Path, str]]:
     """A temporary worktree of `rev` (detached) of the repository this file is in, and rev's short
-    hash; removed afterwards, whatever happens."""
+    hash; removed afterwards, whatever happens. A folder holding a `minillm` package instead (a tree
+    exported with `git archive`, for a machine whose copy of the checkout has no git history) is
+    used as it is, named by its folder."""
+    exported = Path(rev)
+    if (exported / "minillm" / "__init__.py").is_file():
+        yield exported.resolve(), exported.name
+        return
     repo = Path(_git(Path(__file__).parent, "rev-parse", "--show-toplevel"))
     sha = _git(repo, "rev-parse", "--short", f"{rev}^{{commit}}")
     with tempfile.TemporaryDirectory(prefix="minillm-baseline-") as tmp:

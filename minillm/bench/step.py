@@ -13,7 +13,8 @@ kernels and sample waits for them when it reads the tokens back, so the device's
 sample.
 
 With `--baseline REV` the same measurement runs on REV's engine in a subprocess, against a
-temporary git worktree of REV; there this file is run by path, so it imports nothing from minillm
+temporary git worktree of REV (or a folder holding REV's tree, exported where the git history is,
+for a machine that has none); there this file is run by path, so it imports nothing from minillm
 but the public API that every revision has.
 """
 
@@ -23,6 +24,7 @@ import json
 import random
 import statistics
 import sys
+import tempfile
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
@@ -113,13 +115,14 @@ def _synchronize() -> None:
         torch.mps.synchronize()
 
 
-def _decode_steps(llm: LLM, batch: int, steps: int, bar: tqdm) -> list[dict[str, float]]:
-    """Per timed step of `batch` decoding requests: seconds per phase, and the step's ("total")."""
+def _decode_steps(llm: LLM, batch: int, steps: int, bar: tqdm, warmup: int = WARMUP_STEPS) -> list[dict[str, float]]:
+    """Per timed step of `batch` decoding requests, after `warmup` untimed ones: seconds per phase, and the
+    step's ("total")."""
     engine = llm.llm_engine
     rng = random.Random(batch)
     # Prefill takes `batch` steps at most, each of which may give the requests admitted so far a
     # token; the last timed step must not finish them either.
-    params = SamplingParams(temperature=0, max_tokens=batch + WARMUP_STEPS + steps + 1, ignore_eos=True)
+    params = SamplingParams(temperature=0, max_tokens=batch + warmup + steps + 1, ignore_eos=True)
     ids = [f"step-{batch}-{i}" for i in range(batch)]
     for request_id in ids:
         # Ids below 256 exist in every vocabulary; the shapes are what matter.
@@ -132,7 +135,7 @@ def _decode_steps(llm: LLM, batch: int, steps: int, bar: tqdm) -> list[dict[str,
             break
     else:
         raise RuntimeError(f"{batch - len(decoding)} of {batch} requests never produced a token")
-    for _ in range(WARMUP_STEPS):
+    for _ in range(warmup):
         engine.step()
     clock = PhaseClock()
     per_step = []
@@ -171,6 +174,14 @@ def _summarize(batch: int, per_step: list[dict[str, float]]) -> dict:
     return row
 
 
+def host_phases(llm: LLM, batch: int = 1, steps: int = 3, warmup: int = WARMUP_STEPS) -> dict:
+    """The phases of `steps` decode steps of `batch` requests on this engine, after `warmup` untimed ones
+    (fewer will do where its kernels ran already), as a row of `minillm bench step`: `{phase}_us` for each
+    of `phases`, "other" and "total". The engine must hold no request."""
+    with tqdm(total=steps, disable=True) as bar:
+        return _summarize(batch, _decode_steps(llm, batch, steps, bar, warmup))
+
+
 def measure(model: str, batch_sizes: list[int], steps: int, device: str | None, dtype: str) -> dict:
     """The phases of `steps` decode steps at each batch size, on the `minillm` this imported."""
     # Requests never finish within a measurement, and their token ids need no tokenizer.
@@ -206,8 +217,8 @@ def bench_step(model: str, batch_sizes: list[int], steps: int, device: str | Non
         # Imported here: the worker runs this file against a revision that may not have it.
         from minillm.bench.revision import checkout, run_against
 
-        with checkout(baseline) as (tree, sha):
-            out = tree / "bench-step.json"  # removed with the worktree
+        with checkout(baseline) as (tree, sha), tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp) / "bench-step.json"
             run_against(tree, Path(__file__), json.dumps(config), str(out))
             results[f"{baseline} ({sha})"] = json.loads(out.read_text())
     results[CURRENT] = measure(**config)

@@ -48,6 +48,11 @@ def _field(key: str, **match) -> Callable[[dict], float | None]:
     return lambda payload: (_row(payload, **match) or {}).get(key)
 
 
+def _graphed(key: str) -> Callable[[dict], float | None]:
+    """A summary figure of a run that replayed CUDA graphs; a run that could not is not the target's."""
+    return lambda payload: _key(payload, key) if any(r.get("mode") == "graphs" for r in payload["rows"]) else None
+
+
 def _prefill_ms(tokens: int) -> Callable[[dict], float | None]:
     """The prefill step's time, graphed where the run had graphs."""
     return lambda payload: (_row(payload, tokens=tokens, mode="graphs") or _row(payload, tokens=tokens) or {}).get("ms")
@@ -69,6 +74,16 @@ def _least_int4_speedup(payload: dict) -> float | None:
 TARGETS = [
     Target("batch-1 decode of the 1.1B model, CUDA graphs: share of copy bandwidth", "decode",
            lambda p: _key(p, "batch1_of_copy_bw"), 0.55),
+    Target("batch-1 decode of the Llama-2-7B shape, CUDA graphs: share of copy bandwidth", "decode-7b",
+           _graphed("batch1_of_copy_bw"), 0.75),
+    # Issue 26's bound on the graphs' start-up, for every step shape of the 1.1B decode engine (up to
+    # 256 sequences and 2,048 tokens; the JSON has the graph count): "a few seconds" on an H100, as
+    # vLLM's start-up capture of its decode sizes takes, with room for the warm-up pass each capture
+    # begins with; within 1 GiB, so that a 16 GiB T4 keeps its KV cache beside the 2.2 GB of weights.
+    Target("CUDA graph capture of the 1.1B decode engine, every step shape (s)", "decode",
+           lambda p: _key(p, "graph_capture_s"), 10, at_most=True),
+    Target("CUDA graph memory of the 1.1B decode engine, every step shape (GiB)", "decode",
+           lambda p: _key(p, "graph_memory_GiB"), 1, at_most=True),
     Target("launches per decoder layer per decode step, tiny, Triton", "kernels",
            _field("per_layer", kernel="triton"), 10, at_most=True),
     Target("launches per decoder layer per decode step, 1.1B, Triton", "kernels-1b",

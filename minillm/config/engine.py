@@ -29,6 +29,9 @@ KERNEL_CHOICES = ("auto", *KERNELS)
 CUDAGRAPH_MODES = ("FULL", "FULL_DECODE_ONLY", "NONE")
 # Scheduling policies by name, vLLM's default among them (engine/policy.py implements them).
 SCHEDULING_POLICIES = ("fcfs",)
+# vLLM's names: weights read from the checkpoint's safetensors, or random ones made on the device (the
+# folder's config.json alone is read), for measurements whose figures depend on the shapes only.
+LOAD_FORMATS = ("auto", "dummy")
 
 
 @dataclass
@@ -40,10 +43,15 @@ class ModelSettings:
     quant_group_size: int = 128  # int4 only
     skip_tokenizer_init: bool = False
     seed: int = 0  # of the sampler's generator, for requests without a seed of their own
+    load_format: str = "auto"  # LOAD_FORMATS
 
     def __post_init__(self) -> None:
         check_int("max_model_len", self.max_model_len, optional=True)  # its range depends on the model
         check_choice("quantization", self.quantization, (None, *QUANTIZATION_METHODS))
+        check_choice("load_format", self.load_format, LOAD_FORMATS)
+        if self.load_format == "dummy" and self.quantization is not None:
+            raise ValueError(f"load_format='dummy' makes unquantized random weights, got "
+                             f"quantization={self.quantization!r}; pass quantization=None")
         if self.quantization == "int4":
             check_choice("quant_group_size", self.quant_group_size, INT4_GROUP_SIZES)
         check_bool("skip_tokenizer_init", self.skip_tokenizer_init)

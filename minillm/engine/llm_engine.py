@@ -55,7 +55,7 @@ class LLMEngine:
         # weight arrives, so that the unquantized model is never held whole.
         with PeakMemory(self.device) as load_memory:
             self.model = load_model(path, model_config, self.dtype, self.device, self.ops,
-                                    config.model.quantization, config.model.quant_group_size)
+                                    config.model.quantization, config.model.quant_group_size, config.model.load_format)
         self.load_peak_bytes = load_memory.bytes
         self._log_load()
         eos = set(model_config.eos_token_ids)

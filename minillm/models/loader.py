@@ -1,4 +1,5 @@
-"""Find a model (shipped, local folder, or Hub id) and load its safetensors weights.
+"""Find a model (shipped, local folder, or Hub id) and load its safetensors weights (or, with
+load_format="dummy", make random ones of the config's shapes on the device).
 
 Only safetensors are read: a pickle checkpoint (`.bin`, `.pt`) can run arbitrary code when
 loaded, and no remote code is ever executed. Every failure names the file or tensor at fault.
@@ -73,11 +74,16 @@ def weight_files(path: Path) -> list[Path]:
 
 
 def load_model(path: Path, config: ModelConfig, dtype: torch.dtype, device: torch.device,
-               ops: KernelOps | None = None, quantization: str | None = None, quant_group_size: int = 128) -> CausalLM:
+               ops: KernelOps | None = None, quantization: str | None = None, quant_group_size: int = 128,
+               load_format: str = "auto") -> CausalLM:
     """ops: the engine's kernels, which the model's layers call (the PyTorch references without).
     quantization: the scheme an unquantized checkpoint's decoder is quantized to as its weights arrive
-    (see models/quant_loading.py); a quantized checkpoint loads in its own (config.quantization)."""
+    (see models/quant_loading.py); a quantized checkpoint loads in its own (config.quantization).
+    load_format "dummy": random weights made on the device, no weight file read (vLLM's meaning)."""
     method = config.quantization or quantization
+    if load_format == "dummy" and method is not None:
+        raise ValueError(f"load_format='dummy' makes unquantized random weights, but the model in {path} is "
+                         f"quantized ({method!r})")
     # Built on the meta device (no memory, no random init), then allocated once on the target device:
     # quantized layers only ever allocate their packed weights.
     with torch.device("meta"):
@@ -85,8 +91,23 @@ def load_model(path: Path, config: ModelConfig, dtype: torch.dtype, device: torc
         if method is not None:
             quantize_model(model, method, config.quant_group_size or quant_group_size)
     model.to_empty(device=device)
-    _WeightLoader(model, config.quant_method).load(weight_files(path))
+    if load_format == "dummy":
+        init_dummy_weights(model)
+    else:
+        _WeightLoader(model, config.quant_method).load(weight_files(path))
     return model.eval().requires_grad_(False)
+
+
+def init_dummy_weights(model: torch.nn.Module, low: float = -1e-3, high: float = 1e-3, seed: int = 1234) -> None:
+    """Every parameter drawn uniformly from [low, high] where it lies, in its own dtype, from a seeded
+    generator: nothing passes through the host, so a 7B-shaped model is ready in a moment on a GPU.
+    Small values keep every activation finite in half precision; the text is noise, the step's cost
+    (which depends on the shapes alone) is the real one."""
+    generators: dict[torch.device, torch.Generator] = {}
+    for param in model.parameters():
+        if param.device not in generators:
+            generators[param.device] = torch.Generator(param.device).manual_seed(seed)
+        param.data.uniform_(low, high, generator=generators[param.device])
 
 
 class _WeightLoader:

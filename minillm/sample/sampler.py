@@ -80,7 +80,8 @@ class SamplingMetadata:
             values = [getattr(p, name) for p in params]
             if unused is not None and all(v == unused for v in values):
                 return None
-            return torch.tensor(values, dtype=_COLUMN_DTYPES[name], device=device)
+            # Queued behind the step's work, not waited for: the host waits only to read the tokens.
+            return torch.tensor(values, dtype=_COLUMN_DTYPES[name]).to(device, non_blocking=True)
 
         return cls(
             temperature=column("temperature"),

@@ -3,6 +3,12 @@
 A CUDA graph captured at start-up reads its inputs from fixed addresses; the runner's token ids and
 positions and the attention backends' metadata are therefore persistent tensors whose front rows
 each step overwrites (engine/cuda_graph.py).
+
+On a GPU the values travel through a pinned host mirror of each buffer: a copy from pageable memory
+makes the driver stage it through a pinned buffer of its own while the host waits, where a copy
+from pinned memory is queued and the host moves on (vLLM keeps its input buffers the same way). A
+mirror is written again only once the device has finished reading it (an event recorded after each
+copy), so a step queued behind a long one cannot change the inputs the long one is still copying.
 """
 
 from __future__ import annotations
@@ -10,6 +16,45 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+from torch.utils.weak import WeakTensorKeyDictionary
+
+
+class HostMirror:
+    """A pinned host tensor shaped like one device buffer, and the event of its last copy to it."""
+
+    def __init__(self, host: torch.Tensor, event) -> None:
+        self.host = host
+        self.copied = event  # recorded after each copy; an event never recorded is complete
+
+    def copy_to(self, view: torch.Tensor, values: Sequence[int]) -> None:
+        """values into the front rows of view (a view of the mirrored buffer), without waiting for the copy."""
+        self.copied.synchronize()  # the previous copy out of the mirror is done: it may be overwritten
+        n = len(values)
+        self.host[:n] = torch.tensor(values, dtype=self.host.dtype)
+        view[:n].copy_(self.host[:n], non_blocking=True)
+        self.copied.record()
+
+
+# Device buffer -> its mirror (None where pinned memory could not be had); gone with the buffer.
+_mirrors = WeakTensorKeyDictionary()
+
+
+def _pinned_mirror(buffer: torch.Tensor) -> HostMirror | None:
+    try:
+        host = torch.empty(buffer.shape, dtype=buffer.dtype, pin_memory=True)
+    except RuntimeError:  # no page-locked memory to be had (a locked-memory limit): pageable copies
+        return None
+    return HostMirror(host, torch.cuda.Event())
+
+
+def host_mirror(buffer: torch.Tensor) -> HostMirror | None:
+    """The mirror of a CUDA buffer, made at its first use; None on other devices (whose copies are
+    synchronous anyway) or where pinned memory is not available."""
+    if buffer.device.type != "cuda":
+        return None
+    if buffer not in _mirrors:
+        _mirrors[buffer] = _pinned_mirror(buffer)
+    return _mirrors[buffer]
 
 
 def stage(buffer: torch.Tensor, values: Sequence[int], num_rows: int | None = None,
@@ -20,6 +65,10 @@ def stage(buffer: torch.Tensor, values: Sequence[int], num_rows: int | None = No
         # Only a step without a KV cache feeds more tokens than the step budget: it gets its own tensor.
         return torch.tensor(values, dtype=buffer.dtype, device=buffer.device)
     view = buffer[:n if num_rows is None else num_rows]
-    view[:n].copy_(torch.tensor(values, dtype=buffer.dtype), non_blocking=True)
+    mirror = host_mirror(buffer)
+    if mirror is None:
+        view[:n].copy_(torch.tensor(values, dtype=buffer.dtype), non_blocking=True)
+    else:
+        mirror.copy_to(view, values)
     view[n:].fill_(pad)
     return view

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -10,7 +11,12 @@ from conftest import make_hf_model
 from test_cli import minillm
 
 from minillm import LLM
-from minillm.bench.decode import weight_bytes
+from minillm.bench import random_llama
+from minillm.bench.decode import decode_step_bytes, weight_bytes
+from minillm.bench.random_llama import llama_config, write_llama_config
+from minillm.bench.shapes import SHAPES
+from minillm.cli import main
+from minillm.models.registry import model_config_from_hf
 
 
 @pytest.mark.parametrize("kind", ["llama_mha", "llama_gqa_tied"])
@@ -47,3 +53,49 @@ def test_bench_decode_prints_the_roofline(tmp_path):
     # One sequence does about 2 flops per weight of 2 or 4 bytes: far below any machine's ridge point.
     assert decode[0]["bound"] == "memory" and decode[0]["intensity"] < 1.2
     assert decode[1]["intensity"] > 4 * decode[0]["intensity"]
+
+
+def test_a_shape_decodes_from_random_weights_made_on_the_device(tmp_path, monkeypatch):
+    """`--shape`'s path (llama-2-7b on a GPU) at a toy size: only config.json is written, the weights
+    are load_format="dummy"'s, and the step is charged the shape's bytes against both roofs."""
+    toy = dict(hidden=64, layers=2, heads=4, kv_heads=2, intermediate=128, vocab=512)
+    monkeypatch.setitem(SHAPES, "toy", toy)
+    written = []
+
+    def spy(folder, **shape) -> Path:
+        path = write_llama_config(folder, **shape)
+        written.append((shape, sorted(p.name for p in path.iterdir())))
+        return path
+
+    monkeypatch.setattr(random_llama, "write_llama_config", spy)
+    out = tmp_path / "decode.json"
+    main(["bench", "decode", "--shape", "toy", "--device", "cpu", "--dtype", "float32", "--batches", "1",
+          "--context", "16", "--steps", "3", "--prefill-lens", "--modes", "graphs", "--out", str(out)])
+    assert written == [(toy, ["config.json"])]  # no weights on disk
+    payload = json.loads(out.read_text())
+    (row,) = payload["rows"]
+    summary = payload["summary"]
+    assert row["mode"] == "eager"  # no graphs on a CPU: labelled by what ran
+    config = model_config_from_hf(llama_config(**toy).to_dict())
+    assert row["GB_per_step"] * 1e9 == pytest.approx(decode_step_bytes(config, 1, 16 + 1, torch.float32))
+    assert summary["batch1_of_copy_bw"] == pytest.approx(row["GB_s"] / summary["copy_GB_s"])
+    assert summary["batch1_of_read_bw"] == pytest.approx(row["GB_s"] / summary["read_GB_s"])
+    assert summary["graph_capture_s"] is None and summary["graph_memory_GiB"] is None  # nothing captured
+
+
+def test_dummy_weights_are_random_small_and_on_the_device(tmp_path):
+    write_llama_config(tmp_path, hidden=64, layers=2, heads=4, kv_heads=2, intermediate=128, vocab=512)
+    assert [p.name for p in tmp_path.iterdir()] == ["config.json"]
+    args = dict(skip_tokenizer_init=True, dtype="float32", device="cpu", max_model_len=64, num_kv_blocks=4)
+    engine = LLM(str(tmp_path), load_format="dummy", **args).llm_engine
+    for name, param in engine.model.named_parameters():
+        assert param.dtype == torch.float32 and param.abs().max() <= 1e-3, name
+        assert param.std() > 1e-4, name  # drawn, not left as to_empty's memory or zeros
+    again = LLM(str(tmp_path), load_format="dummy", **args).llm_engine
+    assert torch.equal(again.model.lm_head.weight, engine.model.lm_head.weight)  # seeded
+    with pytest.raises(ValueError, match="load_format must be one of"):
+        LLM(str(tmp_path), load_format="pt", **args)
+    with pytest.raises(ValueError, match="load_format='dummy'.*quantization='int8'"):
+        LLM(str(tmp_path), load_format="dummy", quantization="int8", **args)
+    with pytest.raises(ValueError, match="no \\*.safetensors weight files"):  # the default reads the checkpoint
+        LLM(str(tmp_path), **args)

@@ -12,7 +12,7 @@ import pytest
 from test_cli import minillm
 
 import minillm as package
-from minillm.bench import step
+from minillm.bench import revision, step
 from minillm.bench.step import PhaseClock, bench_step, timed_phases
 
 REPO = Path(__file__).resolve().parents[2]
@@ -90,3 +90,24 @@ def test_baseline_measures_the_revision_in_a_temporary_worktree(tmp_path):
                                check=True).stdout
     assert str(tree) not in worktrees
     assert Path(imported["working tree"]).resolve() == Path(package.__file__).resolve()
+
+
+def test_baseline_can_be_a_tree_exported_for_a_machine_without_git_history(tmp_path, monkeypatch):
+    """A GPU machine's copy of the checkout has no git history: the before is a folder that holds the
+    revision's minillm (scripts/gpu_wheels.sh exports it), used as it is and left as it was."""
+    tree = tmp_path / "baseline-abc1234"
+    (tree / "minillm").mkdir(parents=True)
+    (tree / "minillm" / "__init__.py").write_text("")
+    ran = []
+
+    def run_here(folder: Path, script: Path, config: str, out: str) -> None:
+        ran.append(folder)
+        Path(out).write_text(json.dumps(step.measure(**json.loads(config))))
+
+    monkeypatch.setattr(revision, "run_against", run_here)
+    monkeypatch.setattr(revision, "_git", lambda *args: pytest.fail(f"git asked: {args}"))
+    rows, summary = bench_step("tiny", [1], steps=2, device="cpu", baseline=str(tree))
+    assert ran == [tree.resolve()]
+    assert [row["version"] for row in rows] == [f"{tree} (baseline-abc1234)", "working tree"]
+    assert set(summary["vs_before"]) == {"1"}
+    assert sorted(p.relative_to(tree).as_posix() for p in tree.rglob("*")) == ["minillm", "minillm/__init__.py"]

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from minillm.bench.report import write_json
+from minillm.bench.shapes import SHAPES
 from minillm.bench.targets import TARGETS, evaluate, format_targets, load_results
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
@@ -33,6 +34,12 @@ def test_gpu_check_runs_dry_and_lists_tiers_steps_and_estimates(tmp_path):
     side_by_side = [int(e) for tier, _, e in rows if tier == "2"]
     assert sum(int(e) for *_, e in rows) - sum(side_by_side) + max(side_by_side) <= 540
     assert "bench kernels" in summary and "tests/kernels/test_gpu.py" in summary and "run_notebooks.py" in summary
+    # The decode step ends with the 7B shape, made on the device; the host step has its before.
+    decode = next(line for line in summary.splitlines() if line.startswith("| 1 | decode |"))
+    assert re.search(r"bench decode --shape (\S+) .*--modes graphs --out \S+/decode-7b\.json", decode)
+    assert re.search(r"--shape (\S+)", decode).group(1) in SHAPES
+    host = next(line for line in summary.splitlines() if line.startswith("| 1 | host |"))
+    assert "bench step" in host and "--baseline d92481a" in host  # this checkout has the history
     for path in re.findall(r"(tests/\S+\.py)", summary):  # every test file it names exists
         assert (SCRIPTS.parent / path).exists(), path
 
@@ -43,12 +50,27 @@ def test_a_subset_or_a_small_budget_leaves_the_rest_not_run_with_the_reason(tmp_
     assert "| 1 | decode | NOT RUN: not in GPU_CHECK_STEPS |" in summary
 
 
+def test_without_git_history_the_host_step_compares_with_the_exported_tree(tmp_path):
+    """The GPU machine's copy has no .git: the before comes from the tree gpu_wheels.sh exported, or is
+    left out, saying so."""
+    wheels = tmp_path / "wheels"
+    (wheels / "baseline-d92481a" / "minillm").mkdir(parents=True)
+    (wheels / "baseline-d92481a" / "minillm" / "__init__.py").write_text("")
+    summary = dry_run(tmp_path / "a", GIT_DIR=str(tmp_path / "no-git"), GPU_CHECK_WHEELS=str(wheels))
+    assert f"--baseline {wheels}/baseline-d92481a --out" in summary
+    summary = dry_run(tmp_path / "b", GIT_DIR=str(tmp_path / "no-git"), GPU_CHECK_WHEELS=str(tmp_path / "none"))
+    host = next(line for line in summary.splitlines() if line.startswith("| 1 | host |"))
+    assert "bench step" in host and "--baseline" not in host
+
+
 def _payload(tmp_path, name: str, rows: list[dict], summary: dict) -> None:
     write_json(tmp_path / f"{name}.json", name, {}, rows, summary)
 
 
 def test_targets_read_pass_fail_and_not_run_off_the_json(tmp_path):
-    _payload(tmp_path, "decode", [{"tokens": 2048, "ms": 11.0}], {"batch1_of_copy_bw": 0.3})
+    _payload(tmp_path, "decode", [{"tokens": 2048, "ms": 11.0}],
+             {"batch1_of_copy_bw": 0.3, "graph_capture_s": 4.0, "graph_memory_GiB": 1.5})
+    _payload(tmp_path, "decode-7b", [{"mode": "graphs", "batch": 1}], {"batch1_of_copy_bw": 0.8})
     _payload(tmp_path, "kernels", [{"kernel": "torch", "per_layer": 9}, {"kernel": "triton", "per_layer": 12}], {})
     _payload(tmp_path, "spec", [], {"best_k": {"draft_model temp=0.0 batch=1": {"k": 4, "speedup": 2.0,
                                                                                 "predicted_speedup": 2.2}}})
@@ -63,17 +85,29 @@ def test_targets_read_pass_fail_and_not_run_off_the_json(tmp_path):
     assert verdicts["speculative decoding at batch 1, greedy, tiny + tiny-draft (speedup, best k)"] == "PASS"
     assert abs(table["chapter 05's cost model against the measured speedup (relative error)"]["figure"] - 0.1) < 1e-9
     assert verdicts["continuous over static batching, 64 requests, 1.1B"] == "NOT RUN"  # no throughput.json
+    assert verdicts["batch-1 decode of the Llama-2-7B shape, CUDA graphs: share of copy bandwidth"] == "PASS"
+    assert verdicts["CUDA graph capture of the 1.1B decode engine, every step shape (s)"] == "PASS"  # at most 10
+    assert verdicts["CUDA graph memory of the 1.1B decode engine, every step shape (GiB)"] == "FAIL"  # at most 1
     text = format_targets(list(table.values()), results)
     assert "| batch-1 decode of the 1.1B model, CUDA graphs: share of copy bandwidth | 0.3 | >= 0.55 | FAIL |" in text
-    assert text.rstrip().endswith("3 PASS, 2 FAIL, 11 NOT RUN")
+    assert text.rstrip().endswith("5 PASS, 3 FAIL, 11 NOT RUN")
+
+
+def test_the_7b_target_needs_a_graphed_run(tmp_path):
+    """A 7B run that could not capture graphs (no Triton) measured eager steps: not the target's figure."""
+    _payload(tmp_path, "decode-7b", [{"mode": "eager", "batch": 1}], {"batch1_of_copy_bw": 0.2})
+    table = {row["target"]: row for row in evaluate(load_results(tmp_path))}
+    assert table["batch-1 decode of the Llama-2-7B shape, CUDA graphs: share of copy bandwidth"]["verdict"] == "NOT RUN"
 
 
 def test_the_targets_read_what_the_benchmarks_write():
     """Each target's key is one its benchmark's code writes, so a renamed key cannot pass as NOT RUN."""
     sources = {path.stem: path.read_text() for path in (SCRIPTS.parent / "minillm" / "bench").glob("*.py")}
-    written = {"decode": "decode", "kernels": "kernels", "kernels-1b": "kernels", "attention": "attention",
+    written = {"decode": "decode", "decode-7b": "decode", "kernels": "kernels", "kernels-1b": "kernels",
+               "attention": "attention",
                "throughput": "throughput", "spec": "spec", "spec-1b": "spec", "quant": "quant_matmul"}
-    keys = {"decode": ["batch1_of_copy_bw", '"ms"'], "kernels": ['"per_layer"'], "attention": ['"speed_vs_sdpa"'],
+    keys = {"decode": ["batch1_of_copy_bw", '"ms"', '"graph_capture_s"', '"graph_memory_GiB"', '"mode"'],
+            "kernels": ['"per_layer"'], "attention": ['"speed_vs_sdpa"'],
             "throughput": ['"continuous_over_static"', '"continuous_over_transformers"'],
             "spec": ['"v"', '"best_k"', '"predicted_speedup"'], "quant_matmul": ['_speedup"]', "in_features"]}
     assert {t.source for t in TARGETS} <= set(written)

@@ -1,8 +1,11 @@
-"""On a CUDA GPU: parity with transformers in bfloat16, and CUDA-graph decode against eager steps.
+"""On a CUDA GPU: parity with transformers in bfloat16, CUDA-graph decode against eager steps, and a
+greedy decode step that waits for the device only to read its tokens.
 Skipped where there is no GPU (CI has none); run it on one with `pytest tests/kernels/test_gpu.py`, or with
 every other GPU test and benchmark through scripts/gpu_check.sh."""
 
 from __future__ import annotations
+
+import warnings
 
 import pytest
 import torch
@@ -11,6 +14,7 @@ from conftest import HF_CONFIGS, make_hf_model
 from minillm import LLM, SamplingParams
 from minillm.engine.model_runner import sequence_logits
 from minillm.utils.device import cuda_bf16_native
+from minillm.utils.staging import host_mirror, stage
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -82,3 +86,36 @@ def test_cuda_graph_decode_matches_eager(hf_checkpoint, quantization):
         assert logprobs == pytest.approx(ref_logprobs, abs=1e-3)
     assert sum(g.replays for b, g in graphs.graphs.items() if b.uniform_decode) >= 20
     assert sum(g.replays for b, g in graphs.graphs.items() if not b.uniform_decode) >= 1  # the prefill
+
+
+def test_inputs_are_staged_through_pinned_host_mirrors():
+    buffer = torch.full((8,), 7, dtype=torch.int32, device="cuda")
+    stage(buffer, [1, 2, 3], num_rows=5, pad=-1)
+    mirror = host_mirror(buffer)
+    assert mirror is not None and mirror.host.is_pinned() and host_mirror(buffer) is mirror
+    stage(buffer, [9, 8])  # queued right behind the first copy, through the same mirror
+    assert buffer.tolist() == [9, 8, 3, -1, -1, 7, 7, 7]
+
+
+def test_an_all_greedy_decode_step_syncs_only_to_read_its_tokens():
+    """The argmax stays on the device and the inputs are queued, not waited for: the one time a
+    greedy decode step's host waits for the GPU is when it reads the sampled ids back."""
+    engine = LLM("tiny", device="cuda", skip_tokenizer_init=True).llm_engine
+    assert engine.model_runner.cuda_graphs is not None
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    for i in range(3):
+        engine.add_request(f"greedy-{i}", {"prompt_token_ids": [1 + i] * (5 + i)}, params)
+    while engine.scheduler.waiting or any(seq.num_output_tokens == 0 for seq in engine.scheduler.running):
+        engine.step()
+    engine.step()  # the first decode step of this batch
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            outputs = engine.step()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    assert sorted(out.request_id for out in outputs) == [f"greedy-{i}" for i in range(3)]
+    syncs = [str(w.message) for w in caught if "synchroniz" in str(w.message)]
+    assert len(syncs) == 1, syncs
