@@ -13,6 +13,7 @@ from typing import Protocol
 
 import torch
 
+from minillm.layers.rotary import QKRotation
 from minillm.sequence import Sequence
 
 
@@ -77,7 +78,9 @@ class AttentionBackend(Protocol):
         ...
 
     def forward(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                metadata: AttentionMetadata) -> torch.Tensor:
+                metadata: AttentionMetadata, rotation: QKRotation | None = None) -> torch.Tensor:
         """q: [tokens, heads, head_dim]; k, v: [tokens, kv_heads, head_dim] for this step's new
-        tokens. Stores k and v if the backend keeps a cache; returns [tokens, heads, head_dim]."""
+        tokens. rotation: q and k come unrotated, and the backend rotates them (a paged one as it
+        stores K/V, in one op); None: they come rotated. Stores k and v if the backend keeps a
+        cache; returns [tokens, heads, head_dim]."""
         ...

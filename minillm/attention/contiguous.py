@@ -12,6 +12,7 @@ import torch
 from minillm.attention.base import AttentionMetadata, BatchDescriptor, query_start_loc
 from minillm.attention.per_sequence import append_and_attend
 from minillm.kv.contiguous_cache import ContiguousKVCache
+from minillm.layers.rotary import QKRotation
 from minillm.sequence import Sequence
 
 CacheAttentionFn = Callable[..., torch.Tensor]
@@ -32,7 +33,9 @@ class ContiguousAttention:
                                  kv_buffers=[self.cache.buffer(seq) for seq in seqs])
 
     def forward(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                metadata: AttentionMetadata) -> torch.Tensor:
+                metadata: AttentionMetadata, rotation: QKRotation | None = None) -> torch.Tensor:
+        if rotation is not None:
+            q, k = rotation(q, k)
         loc = metadata.query_start_loc
         outs = []
         for i, buf in enumerate(metadata.kv_buffers):

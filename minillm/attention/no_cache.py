@@ -9,6 +9,7 @@ import torch
 
 from minillm.attention.base import AttentionMetadata, BatchDescriptor, query_start_loc
 from minillm.attention.per_sequence import attend
+from minillm.layers.rotary import QKRotation
 from minillm.sequence import Sequence
 
 
@@ -21,7 +22,9 @@ class NoCacheAttention:
         return AttentionMetadata(query_start_loc=query_start_loc(query_lens), start_pos=list(start_pos))
 
     def forward(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                metadata: AttentionMetadata) -> torch.Tensor:
+                metadata: AttentionMetadata, rotation: QKRotation | None = None) -> torch.Tensor:
+        if rotation is not None:
+            q, k = rotation(q, k)
         loc = metadata.query_start_loc
         return torch.cat([attend(q[s:e], k[s:e], v[s:e], q_start=0)
                           for s, e in zip(loc[:-1], loc[1:])])

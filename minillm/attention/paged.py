@@ -23,6 +23,7 @@ import torch
 from minillm.attention.base import AttentionMetadata, BatchDescriptor, query_start_loc
 from minillm.kernels.ops import KernelOps
 from minillm.kv.pool import KVPool
+from minillm.layers.rotary import QKRotation
 from minillm.sequence import Sequence
 from minillm.utils.staging import stage
 
@@ -99,10 +100,19 @@ class PagedAttention:
             max_query_len=1 if batch.uniform_decode else batch.num_tokens, decode_only=batch.uniform_decode)
 
     def forward(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                metadata: AttentionMetadata) -> torch.Tensor:
+                metadata: AttentionMetadata, rotation: QKRotation | None = None) -> torch.Tensor:
+        """rotation: q and k come unrotated, and are rotated as k and v are stored, in one op (with the
+        Triton kernels one launch, where rotating and storing apart take two). Either way K/V are
+        stored once, before attention reads them back from the pool."""
         k_cache, v_cache = self.kv_pool.kv_caches[layer_idx]
         scales = self.scale_args[layer_idx]
-        self.ops.store_kvcache(k, v, k_cache, v_cache, metadata.slot_mapping, **scales)
+        if rotation is None:
+            self.ops.store_kvcache(k, v, k_cache, v_cache, metadata.slot_mapping, **scales)
+        else:
+            q = self.ops.fused_rotary_store_kvcache(
+                rotation.positions, q, k, v, rotation.cos_sin_cache, k_cache, v_cache, metadata.slot_mapping,
+                q_norm_weight=rotation.q_norm_weight, k_norm_weight=rotation.k_norm_weight, eps=rotation.eps,
+                **scales)
         if metadata.decode_only:
             return self.ops.paged_decode_attention(q, k_cache, v_cache, metadata.block_tables, metadata.seq_lens,
                                                    self.scale, max_seq_len=metadata.max_seq_len, **scales)

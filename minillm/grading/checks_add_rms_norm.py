@@ -74,7 +74,7 @@ def check_fused_add_rms_norm(fused_add_rms_norm: Callable) -> None:
         x, residual, weight = _inputs(rows, dim, dtype, scale, case, device)
         kept = residual.clone()
         described = f"{rows} rows of {dim} {str(dtype).removeprefix('torch.')} values of about {scale:g}"
-        expected = fused_add_rms_norm_ref(x, residual, weight, EPS)
+        expected = fused_add_rms_norm_ref(x.clone(), residual.clone(), weight, EPS)  # in place: on copies
         got = call_learner(fused_add_rms_norm, "fused_add_rms_norm", described, x, residual, weight, EPS)
         out, new_residual = _unpack(got, expected, described)
         if not torch.equal(residual, kept):

@@ -8,8 +8,8 @@ runs, and each recorded launch is compiled with `triton.compile(..., target=GPUT
 32))` into PTX and a cubin. A launch fits when its shared memory is within the target's limit;
 registers and spills are ptxas's report, where ptxas ran (a kernel in Triton's cache is not
 compiled again, and has none). Every launch is compiled for one target, and for the
-others those that bound shared memory (compiling one takes seconds: the whole set for five targets
-would take many minutes).
+others those that bound shared memory and the decoder layer's kernels in fp32, their largest tiles
+(compiling one takes seconds: the whole set for five targets would take many minutes).
 
     python -m minillm.kernels.aot                  # every target; exits 1 if a launch does not fit
     python -m minillm.kernels.aot --cc 75 --json   # one target, machine-readable
@@ -100,10 +100,13 @@ def engine_launches(target: GPUSpec, everything: bool) -> dict[Launch, object]:
     dtype the target has, head dims 64, 80 and 128, blocks of 16 and 32, the int8 KV cache, the
     quantized matmuls at 1 row, a few rows (with one slice of the inputs and several) and a
     prefill's many, and the layer kernels at the widest rows they meet (RMSNorm over 8192 channels,
-    SiLU-and-mul over 28672, rotary embedding of 64 query heads: Llama-70B's shapes). Otherwise
-    only the launches that bound shared memory: the kernels that stage tiles (prefill, decode, the
-    matmuls) at head dim 128 in fp16 (bf16 takes the same tiles) and fp32; a smaller head dim pads
-    to at most 128."""
+    SiLU-and-mul over 28672, rotary embedding of 64 query heads, alone and fused with the KV store,
+    with and without Qwen3's q/k norm, into either pool: Llama-70B's shapes). Otherwise only the
+    launches that bound shared memory: the kernels that stage tiles (prefill, decode, the matmuls)
+    at head dim 128 in fp16 (bf16 takes the same tiles) and fp32, a smaller head dim padding to at
+    most 128; and the layer kernels at the same widths in fp32 (their reductions and layout changes
+    are staged in shared memory, at most 4 bytes a value), the fused store in its plainest form and
+    its fullest (the q/k norm and the int8 pool)."""
     from minillm.kernels.activation import silu_and_mul
     from minillm.kernels.paged_decode import paged_decode_attention
     from minillm.kernels.paged_prefill import paged_prefill_attention
@@ -111,6 +114,7 @@ def engine_launches(target: GPUSpec, everything: bool) -> dict[Launch, object]:
     from minillm.kernels.random_inputs import paged_batch
     from minillm.kernels.rms_norm import fused_add_rms_norm, rms_norm
     from minillm.kernels.rotary import rotary_embedding
+    from minillm.kernels.rotary_store import fused_rotary_store_kvcache
     from minillm.kernels.store_kv import store_kvcache
     from minillm.quant.int4 import quantize_int4
     from minillm.quant.int8 import quantize_int8
@@ -146,22 +150,33 @@ def engine_launches(target: GPUSpec, everything: bool) -> dict[Launch, object]:
                     # the GPU takes: the same tiles as several slices, only the last store differs
                     int8_matmul(x, *int8_args, split_k=1)
                     int4_matmul(x, *int4_args, split_k=1)
-        for dtype in dtypes if everything else []:
+        for dtype in dtypes if everything else [torch.float32]:
             x = torch.randn(3, 8192).to(dtype)
             rms_norm(x, x[0], 1e-6)
-            fused_add_rms_norm(x, x, x[0], 1e-6)
+            fused_add_rms_norm(x, torch.randn(3, 8192).to(dtype), x[0], 1e-6)
             silu_and_mul(torch.randn(3, 2 * 28672).to(dtype))
             qkv = torch.randn(3, 80, 128).to(dtype)
-            rotary_embedding(torch.arange(3), qkv[:, :64], qkv[:, 64:72], torch.randn(16, 128).to(dtype))
+            q, k, v, table = qkv[:, :64], qkv[:, 64:72], qkv[:, 72:], torch.randn(16, 128).to(dtype)
+            rotary_embedding(torch.arange(3), q, k, table)
+            for int8_kv, qk_norm in [(False, False), (True, True)] + ([(True, False), (False, True)] if everything
+                                                                     else []):
+                pool = torch.zeros(4, 16, 8, 128, dtype=torch.int8 if int8_kv else dtype)
+                scales = {name: torch.ones(4, 16, 8) for name in ("k_scales", "v_scales")} if int8_kv else {}
+                norms = dict(q_norm_weight=table[0], k_norm_weight=table[0], eps=1e-6) if qk_norm else {}
+                fused_rotary_store_kvcache(torch.arange(3), q, k, v, table, pool, pool.clone(),
+                                           torch.tensor([1, 2, -1], dtype=torch.int32), **norms, **scales)
     launches = {_launch(fn, args, kwargs): fn for fn, args, kwargs in records}
     if everything:
         return launches
-    return {launch: fn for launch, fn in launches.items() if launch.kernel in TILED_KERNELS}
+    return {launch: fn for launch, fn in launches.items() if launch.kernel in TILED_KERNELS + LAYER_KERNELS}
 
 
 # The kernels whose tiles live in shared memory; the others (KV store, the split-KV reduction, the
 # single-row gemv) use a few hundred bytes of it at most.
 TILED_KERNELS = ("_ragged_attention_kernel", "_decode_partition_kernel", "_gemv_kernel", "_gemm_kernel")
+# Every decoder layer runs these, on every GPU.
+LAYER_KERNELS = ("_rms_norm_kernel", "_fused_add_rms_norm_kernel", "_silu_and_mul_kernel", "_rotary_kernel",
+                 "_fused_rotary_store_kvcache_kernel")
 
 
 def compile_launch(fn, launch: Launch, target: GPUSpec) -> Compiled:

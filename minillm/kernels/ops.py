@@ -2,9 +2,9 @@
 
 An engine chooses once, from its `attention_backend` argument (vLLM's name, kept although it now picks
 more than attention), and every layer that has a kernel (attention and the KV store, the quantized
-matmuls, RMSNorm with and without the residual add, rotary embedding, SiLU-and-mul) calls its op
-from that one `KernelOps`, so an engine never runs Triton attention beside PyTorch matmuls by
-accident. The dense matmuls are torch's (cuBLAS) under both names.
+matmuls, RMSNorm with and without the residual add, rotary embedding alone and fused with the KV
+store, SiLU-and-mul) calls its op from that one `KernelOps`, so an engine never runs Triton
+attention beside PyTorch matmuls by accident. The dense matmuls are torch's (cuBLAS) under both names.
 """
 
 from __future__ import annotations
@@ -35,6 +35,9 @@ class KernelOps:
     rms_norm: Callable
     fused_add_rms_norm: Callable
     rotary_embedding: Callable
+    # Rotary embedding (with Qwen3's q/k norm) and the KV store in one: what the paged backend calls
+    # in place of rotary_embedding then store_kvcache. The references' is the two in a row.
+    fused_rotary_store_kvcache: Callable
     silu_and_mul: Callable
 
 
@@ -75,6 +78,7 @@ def load_ops(kernel: str = "torch") -> KernelOps:
                     rms_norm=layer_reference.rms_norm_ref,
                     fused_add_rms_norm=layer_reference.fused_add_rms_norm_ref,
                     rotary_embedding=layer_reference.rotary_embedding_ref,
+                    fused_rotary_store_kvcache=layer_reference.fused_rotary_store_kvcache_ref,
                     silu_and_mul=layer_reference.silu_and_mul_ref)
     if kernel == "triton":
         # Imported here: the kernel modules need triton, which the torch path never does.
@@ -84,10 +88,12 @@ def load_ops(kernel: str = "torch") -> KernelOps:
         from minillm.kernels.quant_matmul import int4_matmul, int8_matmul
         from minillm.kernels.rms_norm import fused_add_rms_norm, rms_norm
         from minillm.kernels.rotary import rotary_embedding
+        from minillm.kernels.rotary_store import fused_rotary_store_kvcache
         from minillm.kernels.store_kv import store_kvcache
 
         ops.store_kvcache, ops.int8_matmul, ops.int4_matmul = store_kvcache, int8_matmul, int4_matmul
         ops.paged_decode_attention, ops.paged_prefill_attention = paged_decode_attention, paged_prefill_attention
         ops.rms_norm, ops.fused_add_rms_norm = rms_norm, fused_add_rms_norm
         ops.rotary_embedding, ops.silu_and_mul = rotary_embedding, silu_and_mul
+        ops.fused_rotary_store_kvcache = fused_rotary_store_kvcache
     return ops

@@ -13,9 +13,9 @@ from minillm.kernels import check_kv_layout
 
 
 @triton.jit
-def _store_heads(src_ptr, cache_ptr, scales_ptr, offs, mask, scale_offs, mask_h):
-    """One token's K (or V): the [kv heads, head_dim] tile at src_ptr + offs, to cache_ptr + offs."""
-    x = tl.load(src_ptr + offs, mask=mask, other=0.0)
+def store_values(x, cache_ptr, scales_ptr, offs, mask, scale_offs, mask_h):
+    """One token's K (or V), the [kv heads, head_dim] tile x, to cache_ptr + offs; into an int8 pool
+    quantized, a scale per head (row of x) to scales_ptr + scale_offs."""
     if scales_ptr is not None:
         x = x.to(tl.float32)
         scales = tl.maximum(tl.max(tl.abs(x), 1), 1e-8) / 127  # as quant.int8.quantize_int8, a row per head
@@ -25,6 +25,13 @@ def _store_heads(src_ptr, cache_ptr, scales_ptr, offs, mask, scale_offs, mask_h)
         x = tl.minimum(tl.maximum(x, -127.0), 127.0).to(tl.int8)
         tl.store(scales_ptr + scale_offs, scales, mask=mask_h)
     tl.store(cache_ptr + offs, x, mask=mask)
+
+
+@triton.jit
+def _store_heads(src_ptr, cache_ptr, scales_ptr, offs, mask, scale_offs, mask_h):
+    """One token's K (or V): the [kv heads, head_dim] tile at src_ptr + offs, to cache_ptr + offs."""
+    store_values(tl.load(src_ptr + offs, mask=mask, other=0.0), cache_ptr, scales_ptr, offs, mask, scale_offs,
+                 mask_h)
 
 
 @triton.jit

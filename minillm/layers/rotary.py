@@ -8,11 +8,13 @@ distance between their positions, which is how attention learns relative order.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
 from minillm.kernels.ops import KernelOps
 from minillm.layers.custom_op import CustomOp
+from minillm.layers.norm import RMSNorm
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict) -> torch.Tensor:
@@ -50,6 +52,29 @@ def cos_sin_cache(inv_freq: torch.Tensor, max_positions: int, dtype: torch.dtype
     return torch.cat((freqs.cos(), freqs.sin()), dim=-1).to(dtype)
 
 
+@dataclass(frozen=True)
+class QKRotation:
+    """One layer's rotation of one step's queries and keys, handed to the attention backend with q and
+    k still unrotated: a backend that stores K/V in a paged pool rotates them as it stores them, in
+    one launch (`KernelOps.fused_rotary_store_kvcache`); any other backend calls it first. Qwen3's
+    per-head q and k norm, which comes before the rotation, comes with it."""
+
+    ops: KernelOps
+    positions: torch.Tensor  # [tokens]
+    cos_sin_cache: torch.Tensor  # [max_positions, head_dim]: the model's table
+    q_norm_weight: torch.Tensor | None = None  # [head_dim] each, or None: no q/k norm
+    k_norm_weight: torch.Tensor | None = None
+    eps: float = 0.0
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """q [tokens, heads, head_dim], k [tokens, kv_heads, head_dim] -> both rotated (normalised first
+        where the model has q/k norm): the op that rotates, apart from any store."""
+        if self.q_norm_weight is not None:
+            q = self.ops.rms_norm(q, self.q_norm_weight, self.eps)
+            k = self.ops.rms_norm(k, self.k_norm_weight, self.eps)
+        return self.ops.rotary_embedding(self.positions, q, k, self.cos_sin_cache)
+
+
 class RotaryEmbedding(CustomOp):
     """Rotates a layer's queries and keys by their positions. The cos/sin table covers every position
     the model can see and is built once, at the first forward pass (not once per step; never inside a
@@ -67,6 +92,16 @@ class RotaryEmbedding(CustomOp):
             self.cache = cos_sin_cache(self.inv_freq, self.max_positions, like.dtype, like.device)
         return self.cache
 
+    def rotation(self, positions: torch.Tensor, like: torch.Tensor, q_norm: RMSNorm | None = None,
+                 k_norm: RMSNorm | None = None) -> QKRotation:
+        """The rotation of tokens at positions [tokens], in like's dtype and device, after q_norm and
+        k_norm (Qwen3's per-head norms; both or neither)."""
+        if (q_norm is None) != (k_norm is None):
+            raise ValueError("q_norm and k_norm come together (Qwen3 normalises both)")
+        norms = {} if q_norm is None else dict(q_norm_weight=q_norm.weight, k_norm_weight=k_norm.weight,
+                                                eps=q_norm.eps)
+        return QKRotation(self.ops, positions, self.cos_sin_cache(like), **norms)
+
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """q [tokens, heads, head_dim], k [tokens, kv_heads, head_dim] at positions [tokens]."""
-        return self.ops.rotary_embedding(positions, q, k, self.cos_sin_cache(q))
+        return self.rotation(positions, q)(q, k)

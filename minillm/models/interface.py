@@ -12,8 +12,10 @@ import torch
 from minillm.config.model import ModelConfig
 from minillm.kernels.ops import KernelOps
 
-# attn(layer_idx, q, k, v) -> out, with q: [tokens, heads, head_dim], k/v: [tokens, kv_heads, head_dim]
-AttentionFn = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+# attn(layer_idx, q, k, v, rotation=None) -> out, with q: [tokens, heads, head_dim], k/v: [tokens,
+# kv_heads, head_dim]; rotation (layers.rotary.QKRotation): q and k come unrotated, the backend rotates
+# them (a paged cache as it stores K/V). The backend's forward with the step's metadata bound.
+AttentionFn = Callable[..., torch.Tensor]
 
 
 class CausalLM(Protocol):

@@ -41,10 +41,9 @@ class LlamaAttention(nn.Module):
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
-        if self.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = rotary(positions, q, k)
-        out = attn(self.layer_idx, q, k, v)
+        norms = (self.q_norm, self.k_norm) if self.qk_norm else ()
+        # q and k go to attention unrotated, with their rotation: a paged cache rotates and stores them in one launch.
+        out = attn(self.layer_idx, q, k, v, rotation=rotary.rotation(positions, q, *norms))
         return self.o_proj(out.reshape(-1, self.num_heads * self.head_dim))
 
 
@@ -71,7 +70,8 @@ class LlamaDecoderLayer(nn.Module):
     def forward(self, positions: torch.Tensor, h: torch.Tensor, residual: torch.Tensor | None,
                 rotary: RotaryEmbedding, attn: AttentionFn) -> tuple[torch.Tensor, torch.Tensor]:
         """h: the last sublayer's output, not yet added to the residual stream (the first layer: the
-        embeddings, with residual None). Each norm adds the pending output in as it normalises."""
+        embeddings, with residual None). Each norm adds the pending output in as it normalises, in
+        place: h and residual are used only as the norm returns them."""
         if residual is None:
             h, residual = self.input_layernorm(h), h
         else:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
+from conftest import make_hf_model
 from test_cli import minillm
 
 from minillm import LLM
@@ -63,16 +65,20 @@ def test_bench_kernels_prints_the_count_and_writes_it(tmp_path):
     assert payload["rows"][0]["per_layer"] == payload["summary"]["tiny torch per_layer"] > 0
 
 
-def test_a_decoder_layer_is_at_most_ten_launches_with_the_triton_kernels():
-    """The fused kernels' point: two norms with their residual adds, four matmuls, rotary embedding,
-    the KV store, attention and SiLU-and-mul. Counted on the GPU where there is one, else under the
-    CPU interpreter, which launches the same kernels."""
+@pytest.mark.parametrize("kind", ["tiny", "qwen3_qk_norm"])
+def test_a_decoder_layer_is_at_most_ten_launches_with_the_triton_kernels(kind, tmp_path):
+    """The fused kernels' point: two norms with their residual adds, four matmuls, rotary embedding
+    with the KV store (and Qwen3's q/k norm), attention and SiLU-and-mul. Counted on the GPU where
+    there is one, else under the CPU interpreter, which launches the same kernels."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    llm = LLM("tiny", device=device, dtype="float32", skip_tokenizer_init=True, enforce_eager=True,
+    model = "tiny"
+    if kind != "tiny":
+        make_hf_model(kind).save_pretrained(model := str(tmp_path))
+    llm = LLM(model, device=device, dtype="float32", skip_tokenizer_init=True, enforce_eager=True,
               attention_backend="triton", enable_prefix_caching=False, max_num_seqs=1, max_model_len=128,
               num_kv_blocks=16)
     launches = count_step_launches(llm, batch=1, steps=1)
-    assert launches["layer_ops"] == {"linear": 4, "triton:fused_add_rms_norm": 2, "triton:rotary_embedding": 1,
-                                     "triton:store_kvcache": 1, "triton:paged_decode_attention": 1,
+    assert launches["layer_ops"] == {"linear": 4, "triton:fused_add_rms_norm": 2,
+                                     "triton:fused_rotary_store_kvcache": 1, "triton:paged_decode_attention": 1,
                                      "triton:silu_and_mul": 1}
-    assert launches["per_layer"] <= 10
+    assert launches["per_layer"] <= 10  # the issue's target; the kernels above make it 9

@@ -177,7 +177,7 @@ def test_load_ops_gives_each_caller_its_own_namespace_of_the_same_ops():
     torch_ops, triton_ops = load_ops("torch"), load_ops("triton")
     assert vars(torch_ops).keys() == vars(triton_ops).keys() == {
         "kernel", "store_kvcache", "paged_decode_attention", "paged_prefill_attention", "int8_matmul", "int4_matmul",
-        "rms_norm", "fused_add_rms_norm", "rotary_embedding", "silu_and_mul"}
+        "rms_norm", "fused_add_rms_norm", "rotary_embedding", "fused_rotary_store_kvcache", "silu_and_mul"}
     # Every op has a Triton kernel of its own (the dense matmuls are torch's, outside the ops).
     assert all(getattr(triton_ops, name) is not getattr(torch_ops, name) for name in vars(torch_ops))
     assert (torch_ops.kernel, triton_ops.kernel) == ("torch", "triton")
