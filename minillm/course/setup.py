@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from minillm.course import gpu_standin
 from minillm.utils.device import default_device
 
 GPU_MODELS = ("HuggingFaceTB/SmolLM2-360M", "HuggingFaceTB/SmolLM2-135M")  # target, draft
@@ -30,15 +31,19 @@ class CourseSetup:
 
 def setup(seed: int = SEED) -> CourseSetup:
     """Device (cuda, then mps, then cpu), models ($MINILLM_MODEL / $MINILLM_DRAFT_MODEL override the
-    defaults: the SmolLM2 pair on an NVIDIA GPU, tiny on an Apple GPU or a CPU), and every seed fixed."""
+    defaults: the SmolLM2 pair on an NVIDIA GPU, tiny on an Apple GPU or a CPU), and every seed fixed.
+    With $MINILLM_GPU_STANDIN=1 the CPU stands in for a CUDA GPU (gpu_standin.py), with the tiny pair."""
     device = default_device()
+    standin = gpu_standin.active()
+    if standin:
+        gpu_standin.activate()
     if device != "cuda":
         # Without a CUDA GPU, Triton's kernels run only in its CPU interpreter (chapters 03, 06 and 08
         # run them there). Triton reads the switch when it is first imported, and importing
         # transformers imports it: set it now, before any chapter's imports.
         os.environ.setdefault("TRITON_INTERPRET", "1")
-    default_model, default_draft = GPU_MODELS if device == "cuda" else CPU_MODELS
-    choice = CourseSetup(device=device, model=os.environ.get("MINILLM_MODEL", default_model),
+    default_model, default_draft = GPU_MODELS if device == "cuda" and not standin else CPU_MODELS
+    choice = CourseSetup(device="cuda" if standin else device, model=os.environ.get("MINILLM_MODEL", default_model),
                          draft_model=os.environ.get("MINILLM_DRAFT_MODEL", default_draft))
     random.seed(seed)
     torch.manual_seed(seed)

@@ -6,6 +6,8 @@ import os
 
 import torch
 
+# "1": a CPU stands in for a CUDA GPU (minillm/course/gpu_standin.py): "cuda" resolves to the CPU.
+GPU_STANDIN_ENV = "MINILLM_GPU_STANDIN"
 _DTYPES = {"float32": torch.float32, "float": torch.float32, "float16": torch.float16,
            "half": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -25,6 +27,8 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
         dev = torch.device(device)
     except (RuntimeError, TypeError):
         raise ValueError(f"device must be 'cpu', 'cuda', 'cuda:N' or 'mps', got {device!r}") from None
+    if dev.type == "cuda" and os.environ.get(GPU_STANDIN_ENV) == "1":
+        return torch.device("cpu")
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("device='cuda' was asked for, but torch sees no CUDA device "
                          f"(torch {torch.__version__}); use device='cpu'")

@@ -1,7 +1,7 @@
 """The CUDA-graph path (cuda_graph.py) on the CPU: the same persistent buffers, filled by the same
 `ModelRunner.prepare`, and the same padding, run eagerly. A padded step must generate what the
 unpadded one does, for every step shape (decodes, prompt chunks mixed with decodes, prefix-cache
-hits, preemption, speculative verification, a draft model's steps), as batches shrink and stale
+hits, preemption, an abort, speculative verification, a draft model's steps), as batches shrink and stale
 rows are left in the buffers. Replayed graphs against eager steps are in test_gpu.py."""
 
 from __future__ import annotations
@@ -52,41 +52,80 @@ def tokens_and_logprobs(outs):
             for o in outs]
 
 
-# Each engine feature, on a budget that makes steps mix prompt chunks with decodes.
+# Each engine feature, on a budget that makes steps mix prompt chunks with decodes. "abort" aborts the first
+# request in the middle of the run, while the others go on.
 FEATURES = {
     "chunked": {},
-    "prefix cache": {"enable_prefix_caching": True},
+    "prefix cache": {"enable_prefix_caching": True, "block_size": 4},
     "preemption": {"num_kv_blocks": 26, "block_size": 4},
     "int8 cache": {"kv_cache_dtype": "int8"},
+    "abort": {},
     "ngram": {"speculative_config": {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}},
     "draft": {"speculative_config": {"model": "tiny-draft", "num_speculative_tokens": 3}},
 }
+ABORT_STEP = 3
 
 
-# Triton (interpreted) on the case whose steps take every shape: chunks, decodes, verifications, drafts.
-@pytest.mark.parametrize("backend,feature", [("torch", f) for f in FEATURES] + [("triton", "draft")])
-def test_padded_steps_of_every_shape_generate_what_unpadded_ones_do(backend, feature):
+def generate(llm: LLM, prompts: list[dict], params: list[SamplingParams], abort: bool) -> dict:
+    """Each request's tokens and log-probabilities and how it finished, by request id, stepping the engine
+    as generate does; with abort, request "0" is aborted after step ABORT_STEP."""
+    engine = llm.llm_engine
+    for i, (prompt, p) in enumerate(zip(prompts, params)):
+        engine.add_request(str(i), prompt, p)
+    done = {}
+    while engine.has_unfinished_requests():
+        if abort and engine.num_steps == ABORT_STEP:
+            assert engine.scheduler.find("0") is not None, "request 0 finished before it could be aborted"
+            engine.abort_request("0")
+            done["0"] = "abort"
+        for out in engine.step():
+            if out.finished:
+                done[out.request_id] = (*tokens_and_logprobs([out])[0], out.outputs[0].finish_reason)
+    return done
+
+
+# Triton (interpreted) on the case whose steps take every shape (chunks, decodes, verifications, drafts),
+# and on one run that meets a prefix-cache hit, a preemption, the INT8 cache and an abort.
+@pytest.mark.parametrize("backend,features", [("torch", (f,)) for f in FEATURES] + [
+    ("triton", ("draft",)), ("triton", ("prefix cache", "preemption", "int8 cache", "abort"))],
+    ids=lambda value: "+".join(value) if isinstance(value, tuple) else value)
+def test_padded_steps_of_every_shape_generate_what_unpadded_ones_do(backend, features):
     if backend == "triton":
         pytest.importorskip("triton")
-    # Prompts sharing a 12-token prefix, of 14 to 44 tokens: with 24 tokens a step, the long ones are
-    # prefilled in chunks beside the others' decodes.
-    count = 2 if backend == "triton" else 6  # the interpreter is slow: two requests still mix every shape
-    prompts = [{"prompt_token_ids": [5, 9, 2, 7] * 3 + list(range(30 + i, 32 + 6 * i))} for i in range(count)]
-    params = [SamplingParams(temperature=0, max_tokens=4 + 3 * i, ignore_eos=True, logprobs=1) for i in range(count)]
+    # Prompts sharing a prefix of 12 tokens (3 blocks of 4), or 16 for Triton (whose blocks hold 16), of up
+    # to 44 tokens: with 24 tokens a step, the long ones are prefilled in chunks beside the others' decodes.
+    count = 6 if backend == "torch" else 2 if features == ("draft",) else 3  # the interpreter is slow
+    prefix = [5, 9, 2, 7] * (3 if backend == "torch" else 4)
+    prompts = [{"prompt_token_ids": prefix + list(range(30 + i, 32 + 6 * i))} for i in range(count)]
     args = dict(skip_tokenizer_init=True, dtype="float32", device=DEVICE, attention_backend=backend, max_num_seqs=4,
                 max_num_batched_tokens=24, max_model_len=96, enforce_eager=True, enable_prefix_caching=False)
-    args.update(FEATURES[feature])
-    plain = tokens_and_logprobs(LLM("tiny", **args).generate(prompts, params, use_tqdm=False))
+    for feature in features:
+        args.update(FEATURES[feature])
+    lengths = [4 + 3 * i for i in range(count)]
+    if backend == "triton" and "preemption" in features:
+        # Triton's tiles need blocks of 16 tokens. Three of them: once the first request is aborted, the
+        # last one outgrows its second block while the second one still runs, and one is preempted.
+        args.update(block_size=16, num_kv_blocks=3, max_model_len=48)
+        lengths = [4, 8, 6]
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True, logprobs=1) for n in lengths]
+    abort = "abort" in features
+    plain = generate(LLM("tiny", **args), prompts, params, abort)
     llm = LLM("tiny", **args)
     shapes = padded(llm)
     with record(llm) as trace:
-        got = tokens_and_logprobs(llm.generate(prompts, params, use_tqdm=False))
-    assert feature != "preemption" or any(event.preempted for event in trace.events)
-    for (tokens, logprobs), (ref_tokens, ref_logprobs) in zip(got, plain):
+        got = generate(llm, prompts, params, abort)
+    assert got.keys() == plain.keys() == {str(i) for i in range(count)}
+    assert "preemption" not in features or any(event.preempted for event in trace.events)
+    assert "prefix cache" not in features or any(s.num_cached_tokens for e in trace.events for s in e.seqs)
+    assert not abort or (got["0"] == "abort" and all(got[str(i)][2] == "length" for i in range(1, count)))
+    for request_id, ref in plain.items():
+        if ref == "abort":
+            continue
+        (tokens, logprobs, _), (ref_tokens, ref_logprobs, _) = got[request_id], ref
         assert tokens == ref_tokens
         # An int8 cache rounds each K/V row to 1/127 of its largest value: a padded matmul's last-bit
         # difference can move a value across a rounding boundary, a whole step of the quantization.
-        assert logprobs == pytest.approx(ref_logprobs, abs=1e-4 if feature == "int8 cache" else 1e-5)
+        assert logprobs == pytest.approx(ref_logprobs, abs=1e-4 if "int8 cache" in features else 1e-5)
     assert any(b.uniform_decode for b in shapes) and any(not b.uniform_decode for b in shapes), shapes
     blocks = llm.llm_engine.block_manager
     assert blocks.num_free_blocks == blocks.num_blocks, "KV blocks leaked"
