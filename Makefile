@@ -16,10 +16,8 @@ COURSE_ARGS ?=
 
 # JupyterLab's root is the repository's, so that exercises/ and solutions/ sit beside notebooks/ in its
 # file browser (given only the chapter, it would take the chapter's folder); chapter 00 opens first.
-# OMP_WAIT_POLICY: torch's threads sleep rather than spin between operations, so that a kernel and
-# the browser drawing its charts do not slow each other down (see tests/conftest.py).
 course: env notebook-filter
-	OMP_WAIT_POLICY=PASSIVE $(BIN)/jupyter lab $(ALLOW_ROOT) --ServerApp.root_dir=. $(COURSE_ARGS) notebooks/00_welcome.ipynb
+	$(BIN)/jupyter lab $(ALLOW_ROOT) --ServerApp.root_dir=. $(COURSE_ARGS) notebooks/00_welcome.ipynb
 
 test: env $(COLAB_WIDGETS)
 	$(BIN)/python -m pytest

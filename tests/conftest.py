@@ -6,11 +6,6 @@ import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TQDM_DISABLE", "1")
-# torch's OpenMP threads spin while they wait for work by default: beside another busy process (a
-# kernel beside JupyterLab and Chromium, a server beside its client, nbval's children) a spinning
-# thread takes the core that the other one needs, and a tiny model's step took 10x longer on two
-# cores. Passive threads sleep instead. Set before torch is imported; the children inherit it.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
