@@ -118,15 +118,17 @@ def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, zer
     """x [..., in] @ dequantize_int4(packed, scales, zeros, group_size).T + bias -> [..., out] in x's dtype.
 
     packed: uint8 [out, in // 2], contiguous, input 2j in the low nibble of byte j and 2j + 1 in the
-    high one; scales, zeros: [out, in // group_size] in x's dtype; group_size: a power of two >= 16
-    (a weight tile must lie in one group and tl.dot needs 16 inputs). path, split_k: as int8_matmul."""
+    high one; scales, zeros: [out, in // group_size] in x's dtype; group_size: a power of two >= 32
+    (a weight tile lies in one group; tl.dot needs 16 inputs, but 16-input tiles of nibbles
+    gave wrong sums on an H100 (the GPU check of 2026-11-27), where 32 and more were exact). path,
+    split_k: as int8_matmul."""
     if packed.dtype != torch.uint8 or packed.dim() != 2 or not packed.is_contiguous():
         raise ValueError(f"packed must be a contiguous uint8 [out, in // 2] tensor (two int4 per byte), got "
                          f"{packed.dtype} {tuple(packed.shape)}{'' if packed.is_contiguous() else ' (not contiguous)'}")
     out_features, in_features = packed.shape[0], 2 * packed.shape[1]
     _check_common(x, packed, in_features, scales, bias, path, split_k)
-    if group_size < 16 or group_size & (group_size - 1):
-        raise ValueError(f"group_size must be a power of two of at least 16, got {group_size}")
+    if group_size < 32 or group_size & (group_size - 1):
+        raise ValueError(f"group_size must be a power of two of at least 32, got {group_size}")
     if in_features % group_size:
         raise ValueError(f"in_features {in_features} is not a multiple of group_size {group_size}")
     groups = (out_features, in_features // group_size)

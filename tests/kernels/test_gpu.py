@@ -117,5 +117,6 @@ def test_an_all_greedy_decode_step_syncs_only_to_read_its_tokens():
         finally:
             torch.cuda.set_sync_debug_mode("default")
     assert sorted(out.request_id for out in outputs) == [f"greedy-{i}" for i in range(3)]
-    syncs = [str(w.message) for w in caught if "synchroniz" in str(w.message)]
+    # torch's first warning in this mode says the mode is a prototype; each sync is its own warning
+    syncs = [str(w.message) for w in caught if "called a synchronizing CUDA operation" in str(w.message)]
     assert len(syncs) == 1, syncs

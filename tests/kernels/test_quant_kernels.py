@@ -30,9 +30,9 @@ ROWS = (1, 3, GEMV_MAX_ROWS, GEMV_MAX_ROWS + 1)
 # (in_features K, out_features N): no N is a multiple of the 64 (gemv) or 128 (gemm) channel blocks,
 # and 200 spans several blocks of both; K = 96 is not a multiple of the gemm's 64-input tiles.
 SHAPES = ((64, 48), (96, 40), (128, 96), (256, 40), (256, 200))
-# The engine's group sizes on every shape; the kernels' smallest (16: one tl.dot's depth) and one
-# wider than a tile (256: a group spans several tiles) on one shape.
-GROUP_CASES = [(k, n, g) for k, n in SHAPES for g in (32, 64, 128) if k % g == 0] + [(64, 48, 16), (256, 40, 256)]
+# The engine's group sizes on every shape (32 is also the kernels' smallest), and one wider than a
+# tile (256: a group spans several tiles) on one shape.
+GROUP_CASES = [(k, n, g) for k, n in SHAPES for g in (32, 64, 128) if k % g == 0] + [(256, 40, 256)]
 KERNELS = {"int8": (int8_matmul, int8_matmul_ref), "int4": (int4_matmul, int4_matmul_ref)}
 # half an ulp: the relative rounding of a result to the output dtype
 UNIT_ROUNDOFF = {torch.float32: 2.0 ** -24, torch.float16: 2.0 ** -11, torch.bfloat16: 2.0 ** -8}
@@ -309,7 +309,8 @@ def bad_calls():
         (lambda: int4_matmul(x, packed.view(torch.int8), s4, z4, 32), ValueError, r"uint8 \[out, in // 2\]"),
         (lambda: int4_matmul(x, unpacked_by_mistake(packed), s4, z4, 32), ValueError,
          r"end in the weight's 128 input features"),
-        (lambda: int4_matmul(x, packed, s4, z4, 24), ValueError, r"power of two of at least 16, got 24"),
+        (lambda: int4_matmul(x, packed, s4, z4, 24), ValueError, r"power of two of at least 32, got 24"),
+        (lambda: int4_matmul(x, packed, s4, z4, 16), ValueError, r"power of two of at least 32, got 16"),
         (lambda: int4_matmul(torch.randn(2, 32), packed[:, :16].contiguous(), s4, z4, 64), ValueError,
          r"in_features 32 is not a multiple of group_size 64"),
         (lambda: int4_matmul(x, packed, s4.t(), z4, 32), ValueError, r"int4 scales must be \[out, in // group_size\]"),
