@@ -26,12 +26,14 @@ class HostMirror:
         self.host = host
         self.copied = event  # recorded after each copy; an event never recorded is complete
 
-    def copy_to(self, view: torch.Tensor, values: Sequence[int]) -> None:
-        """values into the front rows of view (a view of the mirrored buffer), without waiting for the copy."""
+    def copy_to(self, view: torch.Tensor, values: Sequence[int], pad: int = 0) -> None:
+        """values into the front rows of view (a view of the mirrored buffer) and pad into the rest, in
+        one copy that the host does not wait for: padding written here costs no launch of its own."""
         self.copied.synchronize()  # the previous copy out of the mirror is done: it may be overwritten
-        n = len(values)
+        n, rows = len(values), view.shape[0]
         self.host[:n] = torch.tensor(values, dtype=self.host.dtype)
-        view[:n].copy_(self.host[:n], non_blocking=True)
+        self.host[n:rows] = pad
+        view.copy_(self.host[:rows], non_blocking=True)
         self.copied.record()
 
 
@@ -68,7 +70,7 @@ def stage(buffer: torch.Tensor, values: Sequence[int], num_rows: int | None = No
     mirror = host_mirror(buffer)
     if mirror is None:
         view[:n].copy_(torch.tensor(values, dtype=buffer.dtype), non_blocking=True)
+        view[n:].fill_(pad)
     else:
-        mirror.copy_to(view, values)
-    view[n:].fill_(pad)
+        mirror.copy_to(view, values, pad)
     return view

@@ -183,6 +183,23 @@ def test_decode_only_graphs_leave_the_other_steps_eager():
     assert any(b is not None for b in steps)
 
 
+def test_every_shape_writes_its_logits_into_one_output():
+    """What a captured graph returns stays reserved in the graphs' memory pool for good, so every
+    shape writes its logits into one output, sized for the most rows any shape samples."""
+    llm = LLM("tiny", skip_tokenizer_init=True, dtype="float32", max_num_seqs=4, max_num_batched_tokens=24)
+    runner = llm.llm_engine.model_runner
+    runner.capture_cuda_graphs(capture=False)
+    graphs, outputs = runner.cuda_graphs, []
+    run = graphs.run
+    graphs.run = lambda batch: outputs.append((batch, run(batch))) or outputs[-1][1]
+    prompts = [{"prompt_token_ids": list(range(3, 40 + 5 * i))} for i in range(3)]
+    llm.generate(prompts, SamplingParams(temperature=0, max_tokens=5, ignore_eos=True), use_tqdm=False)
+    assert {b.uniform_decode for b, _ in outputs} == {True, False}
+    assert {logits.data_ptr() for _, logits in outputs} == {graphs.logits_out.data_ptr()}
+    assert all(logits.shape == (b.num_logits, llm.llm_engine.model.config.vocab_size) for b, logits in outputs)
+    assert graphs.logits_out.shape[0] == max(graphs.decode_sizes[-1], graphs.max_num_logits)
+
+
 def test_no_graphs_on_a_cpu_or_when_eager():
     assert LLM("tiny", device="cpu").llm_engine.model_runner.cuda_graphs is None
     assert LLM("tiny", device=DEVICE, enforce_eager=True).llm_engine.model_runner.cuda_graphs is None

@@ -60,8 +60,20 @@ def test_a_mirror_is_overwritten_only_after_its_previous_copy_is_done():
 
 
 @pytest.mark.parametrize("values", [[], [5]])
-def test_a_mirror_copies_any_number_of_rows_it_holds(values):
+def test_a_mirror_copies_any_number_of_rows_it_holds_and_pads_the_rest(values):
     mirror = HostMirror(torch.zeros(2, dtype=torch.int32), FakeEvent(torch.zeros(1)))
-    device = torch.full((2,), 3, dtype=torch.int32)
-    mirror.copy_to(device, values)
-    assert device.tolist()[:len(values)] == values and device.tolist()[len(values):] == [3] * (2 - len(values))
+    device = torch.full((3,), 3, dtype=torch.int32)
+    mirror.copy_to(device[:2], values, pad=-1)
+    assert device.tolist() == values + [-1] * (2 - len(values)) + [3]
+
+
+def test_through_a_mirror_the_padding_travels_in_the_one_copy(monkeypatch):
+    """On a GPU a separate fill of the padding rows would be a launch of its own, for every buffer
+    of every step: the mirror holds the padding already when its copy is queued."""
+    host = torch.zeros(6, dtype=torch.int32)
+    event = FakeEvent(host)
+    monkeypatch.setattr(staging, "host_mirror", lambda buffer: HostMirror(host, event))
+    buffer = torch.full((6,), 7, dtype=torch.int32)
+    monkeypatch.setattr(torch.Tensor, "fill_", lambda *args: pytest.fail("a fill of its own"))
+    assert stage(buffer, [1, 2], num_rows=4, pad=-1).tolist() == [1, 2, -1, -1]
+    assert buffer[4:].tolist() == [7, 7] and event.log[-1] == ("record", [1, 2, -1, -1, 0, 0])
