@@ -5,10 +5,13 @@
 # time with what it measured: a log (and JSON) per step, and summary.md with each step's result and
 # time and each target's PASS / FAIL / NOT RUN.
 #
-#   scripts/gpu_check.sh OUTDIR            # on a CUDA machine: 7 min 48 s on one H100 (2026-11-26)
+#   scripts/gpu_check.sh OUTDIR            # on a CUDA machine: about 10 min on one H100 (2026-11-27)
 #   scripts/gpu_check.sh OUTDIR --dry-run  # anywhere: the tiers, steps and estimates; nothing runs
 #   GPU_CHECK_BUDGET=300 scripts/gpu_check.sh OUTDIR         # seconds for all steps (default 540)
-#   GPU_CHECK_STEPS="tests notebooks" scripts/gpu_check.sh OUTDIR   # a subset
+#   GPU_CHECK_STEPS="tests notebooks" scripts/gpu_check.sh OUTDIR   # a subset; tier1, tier2, tier3 name tiers
+#
+# A device call runs 10 minutes at most, so a loan is best spent on two: GPU_CHECK_STEPS="tier1 tier3"
+# (6 min 24 s on an H100, 2026-11-27), then, while the machine is warm, GPU_CHECK_STEPS=tier2 (3 min 49 s).
 #
 # Runs from a checkout with no install (the repo goes on PYTHONPATH), offline, on a machine with torch,
 # triton, transformers, safetensors, tokenizers and pytest. The notebooks and serving steps need the
@@ -32,10 +35,13 @@ SITE=/tmp/minillm-gpu-check-site
 SUMMARY="$OUTDIR/summary.md"
 # Tier 1, the targets of the open GPU work, timed alone; tier 2, correctness, its two steps side by
 # side; tier 3, serving.
-TIER1="env kernels attention decode spec throughput quant host"
+TIER1="env kernels attention decode spec throughput quant host host-pageable"
 TIER2="tests notebooks"
 TIER3="serve"
 STEPS=${GPU_CHECK_STEPS:-$TIER1 $TIER2 $TIER3}
+STEPS=${STEPS//tier1/$TIER1}
+STEPS=${STEPS//tier2/$TIER2}
+STEPS=${STEPS//tier3/$TIER3}
 
 if [ $DRY = 0 ] && ! $PY -c "import torch, sys; sys.exit(not torch.cuda.is_available())" 2>/dev/null; then
     echo "no CUDA device: running dry (nothing runs)"
@@ -128,7 +134,7 @@ if [ $DRY = 0 ] && [ ! -f "$MODEL_DIR/tokenizer.json" ]; then
         --intermediate 5632 --vocab 32000 >"$OUTDIR/model.log" 2>&1 &
     MODEL_PID=$!
 fi
-step 1 kernels 20 $PY -m minillm.cli bench kernels --models tiny --kernels torch triton --out "$OUTDIR/kernels.json"
+step 1 kernels 25 $PY -m minillm.cli bench kernels --models tiny --kernels torch triton --out "$OUTDIR/kernels.json"
 step 1 attention 12 $PY -m minillm.cli bench attention --out "$OUTDIR/attention.json"
 [ -z "$MODEL_PID" ] || wait $MODEL_PID || echo "writing the 1.1B model failed: model.log"
 # The roofline of the 1.1B model (its graphs' capture time and memory among it) and its launch count;
@@ -146,7 +152,7 @@ step 1 spec 55 bash -c "$PY -m minillm.cli bench spec --device cuda --ks 2 4 --b
     --temperatures 0 --num-tokens 64 --out $OUTDIR/spec-1b.json"
 step 1 throughput 95 $PY -m minillm.cli bench throughput --model "$MODEL_DIR" --device cuda --dtype bfloat16 \
     --out "$OUTDIR/throughput.json"
-step 1 quant 40 $PY -m minillm.cli bench quant --model tiny --device cuda --num-prompts 16 --num-tokens 32 \
+step 1 quant 50 $PY -m minillm.cli bench quant --model tiny --device cuda --num-prompts 16 --num-tokens 32 \
     --out "$OUTDIR/quant.json"
 # Host time per step by phase (schedule, prepare, execute, sample, update): what bounds a small model,
 # before and after. Before: the engine of $BASELINE, the last commit before issue 25's fused kernels
@@ -161,8 +167,12 @@ elif [ -f "$WHEELS/baseline-$BASELINE/minillm/__init__.py" ]; then
 else
     echo "no $BASELINE to compare the host step with (no git history, no $WHEELS/baseline-$BASELINE): after only"
 fi
-step 1 host 20 $PY -m minillm.cli bench step --model "$REPO/minillm/assets/tiny" --device cuda --batch-sizes 1 16 \
+step 1 host 30 $PY -m minillm.cli bench step --model "$REPO/minillm/assets/tiny" --device cuda --batch-sizes 1 16 \
     --steps 30 $BEFORE --out "$OUTDIR/step.json"
+# The same on this tree with the inputs copied from pageable memory (utils/staging.py): what the
+# pinned mirrors buy, or cost, in the prepare phase.
+step 1 host-pageable 12 env MINILLM_PINNED_STAGING=0 $PY -m minillm.cli bench step \
+    --model "$REPO/minillm/assets/tiny" --device cuda --batch-sizes 1 16 --steps 30 --out "$OUTDIR/step-pageable.json"
 
 # pytest-xdist, where it is installed, runs the GPU tests in parallel on the one GPU.
 XDIST=$($PY -c "import xdist" 2>/dev/null && echo "-n 6")
@@ -176,10 +186,10 @@ TESTS="$PY -m pytest -q -p no:cacheprovider $XDIST --timeout=240 -rfE tests/kern
 # MINILLM_MODEL / MINILLM_DRAFT_MODEL name others.
 NOTEBOOKS="PYTHONPATH=$SITE MINILLM_MODEL=\${MINILLM_MODEL:-tiny} MINILLM_DRAFT_MODEL=\${MINILLM_DRAFT_MODEL:-tiny-draft} \
     $PY scripts/run_notebooks.py $OUTDIR/notebooks --jobs 6"
-if wheels_for 2 notebooks 190; then
-    side_by_side 2 190 tests "$TESTS" notebooks "$NOTEBOOKS"
+if wheels_for 2 notebooks 215; then
+    side_by_side 2 215 tests "$TESTS" notebooks "$NOTEBOOKS"
 else
-    side_by_side 2 190 tests "$TESTS"
+    side_by_side 2 215 tests "$TESTS"
 fi
 wheels_for 3 serve 35 && step 3 serve 35 env PYTHONPATH=$SITE $PY -m minillm.cli bench serve --model tiny \
     --device cuda --num-prompts 64 --request-rate 8,inf --out "$OUTDIR/serve.json"

@@ -31,6 +31,18 @@ def test_only_cuda_buffers_get_a_mirror_and_no_pinned_memory_means_pageable_copi
     assert staging._pinned_mirror(torch.zeros(4)) is None
 
 
+def test_pinned_staging_can_be_turned_off_to_measure_it(monkeypatch):
+    class CudaBuffer:  # stands for a CUDA tensor on a machine without one
+        device = torch.device("cuda")
+
+    monkeypatch.setattr(staging, "_mirrors", {})
+    monkeypatch.setattr(staging, "_pinned_mirror", lambda buffer: "a mirror")
+    monkeypatch.setenv("MINILLM_PINNED_STAGING", "0")
+    assert host_mirror(CudaBuffer()) is None
+    monkeypatch.delenv("MINILLM_PINNED_STAGING")
+    assert host_mirror(CudaBuffer()) == "a mirror"
+
+
 class FakeEvent:
     """Records when the host waited for the last copy out of the mirror, and what the mirror held then."""
 
