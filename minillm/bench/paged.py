@@ -106,39 +106,52 @@ def bench_memory(model: str, num_requests: int, max_tokens: int, budget_blocks: 
     return rows, summary
 
 
-def bench_prefix_cache(model: str, num_requests: int, prefix_len: int, max_tokens: int, seed: int,
+def bench_prefix_cache(model: str, num_requests: int, prefix_len: int, max_tokens: int, seed: int, rounds: int = 1,
                        **engine_args) -> tuple[list[dict], dict]:
     """One request arrives first and leaves its prompt in the cache; the others then arrive
-    together. Each prompt is the shared prefix plus a suffix of its own (8 to 32 tokens)."""
+    together. Each prompt is the shared prefix plus a suffix of its own (8 to 32 tokens). The group
+    arrives `rounds` times, with new suffixes each time, at the engine without the cache and the one
+    with it by turns: the requests of a group get their first tokens in one step, so a round is one
+    sample of that step's time, and where the step takes a few milliseconds one sample is at the
+    mercy of whatever else the machine does."""
     rng = random.Random(seed)
-    llm_off = LLM(model, enable_prefix_caching=False, **engine_args)
-    text = eval_token_ids(llm_off.get_tokenizer())
+    engines = {caching: LLM(model, enable_prefix_caching=caching, **engine_args) for caching in (False, True)}
+    text = eval_token_ids(engines[False].get_tokenizer())
     start = rng.randrange(len(text) - prefix_len)
     prefix = text[start:start + prefix_len]
-    prompts = []
-    for _ in range(num_requests):
-        s, n = rng.randrange(len(text) - 32), rng.randint(8, 32)
-        prompts.append(prefix + text[s:s + n])
+
+    def group(size: int) -> list[list[int]]:
+        spans = [(rng.randrange(len(text) - 32), rng.randint(8, 32)) for _ in range(size)]
+        return [prefix + text[s:s + n] for s, n in spans]
+
+    first, groups = group(1), [group(num_requests - 1) for _ in range(rounds)]
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
-    rows, reference = [], None
-    for caching in (False, True):
-        llm = llm_off if not caching else LLM(model, enable_prefix_caching=True, **engine_args)
+    stats = {caching: {"ttft": [], "tokens": [], "prefill": 0, "cached": 0, "seconds": 0.0} for caching in engines}
+
+    def serve(caching: bool, prompts: list[list[int]], timed: bool) -> None:
+        llm, stat = engines[caching], stats[caching]
         begin = time.perf_counter()
         with record(llm) as trace:
-            outs = [*llm.generate([{"prompt_token_ids": prompts[0]}], params, use_tqdm=False),
-                    *llm.generate([{"prompt_token_ids": p} for p in prompts[1:]], params, use_tqdm=False)]
-        seconds = time.perf_counter() - begin
-        tokens = [o.outputs[0].token_ids for o in outs]
-        reference = reference or tokens
-        ttft = [(o.metrics.first_token_time - o.metrics.arrival_time) * 1000 for o in outs[1:]]
-        rows.append({"prefix_caching": "on" if caching else "off",
-                     "prefill_tokens": sum(s.prefill_tokens for e in trace.events for s in e.seqs),
-                     "cached_tokens": sum(o.num_cached_tokens for o in outs),
-                     "ttft_p50_ms": statistics.median(ttft), "ttft_mean_ms": statistics.fmean(ttft),
-                     "seconds": seconds, "same_tokens": tokens == reference})
+            outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        stat["seconds"] += time.perf_counter() - begin
+        stat["prefill"] += sum(s.prefill_tokens for e in trace.events for s in e.seqs)
+        stat["cached"] += sum(o.num_cached_tokens for o in outs)
+        stat["tokens"] += [o.outputs[0].token_ids for o in outs]
+        if timed:
+            stat["ttft"] += [(o.metrics.first_token_time - o.metrics.arrival_time) * 1000 for o in outs]
+
+    for caching in engines:
+        serve(caching, first, timed=False)
+    for prompts in groups:
+        for caching in engines:
+            serve(caching, prompts, timed=True)
+    rows = [{"prefix_caching": "on" if caching else "off", "prefill_tokens": stat["prefill"],
+             "cached_tokens": stat["cached"], "ttft_p50_ms": statistics.median(stat["ttft"]),
+             "ttft_mean_ms": statistics.fmean(stat["ttft"]), "seconds": stat["seconds"],
+             "same_tokens": stat["tokens"] == stats[False]["tokens"]} for caching, stat in stats.items()]
     off, on = rows
     summary = {"prefill_tokens_saved": 1 - on["prefill_tokens"] / off["prefill_tokens"],
                "ttft_p50_speedup": off["ttft_p50_ms"] / on["ttft_p50_ms"],
                "all_outputs_identical": all(r["same_tokens"] for r in rows),
-               "num_requests": num_requests, "prefix_len": prefix_len}
+               "num_requests": num_requests, "prefix_len": prefix_len, "rounds": rounds}
     return rows, summary
