@@ -103,20 +103,32 @@ def _ragged_attention_kernel(
              + offs_d[None, :], out.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_d[None, :])
 
 
+# (BLOCK_M, BLOCK_N, warps) for 16-bit inputs by architecture, largest first: on Hopper 64 x 64 on 4
+# warps, the fastest of eight tilings on an H100 (BENCHMARKS.md); before it, the largest tiles that
+# the compiler fits in registers without spilling (ptxas's report, `kernels/aot.py`, head dims 64 to
+# 128, both block sizes, the int8 cache), where 64 x 64 on 4 warps spilled 33 KB a thread on a T4
+# and 300-400 bytes on an A100 or an L4.
+_TILINGS = {90: [(64, 64, 4), (64, 32, 4), (32, 32, 4), (16, 16, 4)],
+            80: [(64, 32, 8), (32, 32, 8), (16, 16, 4)],
+            75: [(64, 16, 8), (32, 16, 8), (16, 16, 4)]}
+
+
 def ragged_tiles(target: GPUSpec | None, group: int, max_query_len: int, dim_pad: int,
-                 element_size: int) -> tuple[int, int]:
-    """(BLOCK_M rows, BLOCK_N keys) of a launch whose sequences bring at most max_query_len queries
-    each: rows enough for them (times the group), up to 64, where a block's shared memory holds the
-    rows and tiles of K and V that size (a T4 at head dim 128 in fp16 is exactly full); fewer for short
-    queries, so that decode and verification rows waste little of a tile. 64 x 64 with 4 warps and
-    2 pipeline stages was the fastest of eight tilings on an H100 (BENCHMARKS.md). fp32 runs on a
-    GPU for exactness (tests, exercise checks), not speed: 32 x 32 at most."""
+                 element_size: int) -> tuple[int, int, int]:
+    """(BLOCK_M rows, BLOCK_N keys, warps) of a launch whose sequences bring at most max_query_len
+    queries each: rows enough for them (times the group), up to 64, where a block's shared memory
+    holds the rows and tiles of K and V that size; fewer for short queries, so that decode and
+    verification rows waste little of a tile. fp32 runs on a GPU for exactness (tests, exercise
+    checks), not speed: 32 x 32 at most."""
     group_pad = triton.next_power_of_2(group)
     rows = max(16, group_pad, min(64, triton.next_power_of_2(max_query_len * group)))
     if target is None:
-        return rows, 64  # the interpreter runs each program in Python: fewer, bigger tiles are faster there
-    sizes = [(32, 32), (16, 16)] if element_size == 4 else [(64, 64), (64, 32), (32, 32), (16, 16)]
-    candidates = [(m, n) for m, n in sizes if group_pad <= m <= rows] or [(group_pad, 16)]
+        return rows, 64, 4  # the interpreter runs each program in Python: fewer, bigger tiles are faster there
+    if element_size == 4:
+        sizes = [(32, 32, 4), (16, 16, 4)]
+    else:
+        sizes = _TILINGS[max(c for c in _TILINGS if c <= target.capability)]
+    candidates = [t for t in sizes if group_pad <= t[0] <= rows] or [(group_pad, 16, 4)]
     return first_fitting(target, candidates, lambda t: shared_bytes_bound(target, t[0] + 2 * t[1], dim_pad,
                                                                           element_size))
 
@@ -136,7 +148,7 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         max_query_len = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max())
     group = num_heads // num_kv_heads
     dim_pad = max(16, triton.next_power_of_2(head_dim))
-    block_m, block_n = ragged_tiles(launch_target(q.device), group, max_query_len, dim_pad, q.element_size())
+    block_m, block_n, warps = ragged_tiles(launch_target(q.device), group, max_query_len, dim_pad, q.element_size())
     block_q = block_m // group
     out = torch.empty_like(q)
     check_kv_layout(k_cache, v_cache, k_scales, v_scales)
@@ -146,5 +158,5 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         num_seqs, q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0), out.stride(0), out.stride(1),
         GROUP=group, HEAD_DIM=head_dim, DIM_PAD=dim_pad, BLOCK_SIZE=block_size, BLOCK_M=block_m,
-        BLOCK_Q=block_q, BLOCK_N=block_n, PRECISION=dot_precision(q.dtype), num_warps=4, num_stages=2)
+        BLOCK_Q=block_q, BLOCK_N=block_n, PRECISION=dot_precision(q.dtype), num_warps=warps, num_stages=2)
     return out

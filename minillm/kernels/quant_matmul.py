@@ -65,6 +65,10 @@ def gemm_tiles(target: GPUSpec | None, int4: bool, group_size: int, element_size
     block_k = min(64, group_size) if int4 else 64
     if target is None:
         return block_m, block_n, block_k, 1  # the interpreter does not pipeline
+    if target.capability < 80:
+        # On a T4 the compiler fits 64 x 128 x 64 tiles in 64 registers a thread and spills 4.2-4.5
+        # KB (ptxas's report, `kernels/aot.py`); 64 x 64 x 32 tiles spill nothing.
+        block_n, block_k = 64, 32
     stages = first_fitting(target, [3, 2, 1],
                            lambda s: shared_bytes_bound(target, s * block_m + block_n, block_k, element_size))
     return block_m, block_n, block_k, stages
