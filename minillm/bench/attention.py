@@ -6,12 +6,15 @@ written, over time) against the copy bandwidth measured on the same device in th
 Prefill is compute-bound: the ragged paged kernel against PyTorch's scaled_dot_product_attention
 on the same tokens held contiguously (which needs no block table, so it is the harder baseline),
 as [batch, heads, tokens, head_dim]: given 3-D inputs, SDPA falls back to its slow math path on a
-GPU, which would flatter the Triton kernel. Times are GPU times (bench/timing.py).
+GPU, which would flatter the Triton kernel. Times are GPU times (bench/timing.py). `tilings`
+times the ragged kernel again at other (BLOCK_M, BLOCK_N, warps) than its launcher picks, to choose
+a GPU's entry in `kernels/paged_prefill.py` from measurements.
 """
 
 from __future__ import annotations
 
 import functools
+from unittest import mock
 
 import torch
 
@@ -19,6 +22,8 @@ from minillm.bench.timing import copy_bandwidth, graph_time
 
 DECODE_COLUMNS = [("batch", "batch"), ("context", "context"), ("ms", "ms"), ("GB_s", "GB/s"),
                   ("of_copy_bw", "of copy bandwidth"), ("max_abs_err", "max |err| vs torch")]
+TILING_COLUMNS = [("tokens", "tokens"), ("tiling", "BLOCK_M x BLOCK_N x warps"), ("triton_ms", "triton ms"),
+                  ("speed_vs_sdpa", "SDPA time / triton time"), ("max_abs_err", "max |err| vs SDPA")]
 PREFILL_COLUMNS = [("tokens", "tokens"), ("triton_ms", "triton ms"), ("sdpa_ms", "SDPA ms"),
                    ("triton_TFLOP_s", "triton TFLOP/s"), ("sdpa_TFLOP_s", "SDPA TFLOP/s"),
                    ("speed_vs_sdpa", "SDPA time / triton time"), ("max_abs_err", "max |err| vs SDPA")]
@@ -37,9 +42,11 @@ def paged_inputs(batch: int, context: int, num_kv_heads: int, group: int, head_d
 
 def bench_attention(contexts=(4096, 8192, 16384, 32768), batch: int = 8, num_kv_heads: int = 8, group: int = 4,
                     head_dim: int = 128, block_size: int = 16, prefill_tokens=(512, 2048, 4096),
-                    dtype: torch.dtype = torch.float16) -> tuple[list[dict], list[dict], dict]:
+                    dtype: torch.dtype = torch.float16, tilings: tuple[tuple[int, int, int], ...] = ()
+                    ) -> tuple[list[dict], list[dict], dict]:
     if not torch.cuda.is_available():
         raise ValueError("minillm bench attention measures the Triton kernels on a CUDA GPU; none is visible")
+    from minillm.kernels import paged_prefill
     from minillm.kernels.attention_reference import paged_decode_attention_ref
     from minillm.kernels.paged_decode import paged_decode_attention
     from minillm.kernels.paged_prefill import paged_prefill_attention
@@ -60,7 +67,7 @@ def bench_attention(contexts=(4096, 8192, 16384, 32768), batch: int = 8, num_kv_
                             "of_copy_bw": moved / seconds / copy_bw, "max_abs_err": err.max().item()})
         del k_cache, v_cache
 
-    prefill_rows = []
+    prefill_rows, tiling_rows = [], []
     heads = num_kv_heads * group
     for tokens in prefill_tokens:
         k_cache, v_cache, tables, lens = paged_inputs(1, tokens, num_kv_heads, group, head_dim, block_size, dtype)
@@ -81,8 +88,15 @@ def bench_attention(contexts=(4096, 8192, 16384, 32768), batch: int = 8, num_kv_
         prefill_rows.append({"tokens": tokens, "triton_ms": t_triton * 1e3, "sdpa_ms": t_sdpa * 1e3,
                              "triton_TFLOP_s": flops / t_triton / 1e12, "sdpa_TFLOP_s": flops / t_sdpa / 1e12,
                              "speed_vs_sdpa": t_sdpa / t_triton, "max_abs_err": err})
+        for tiling in tilings:
+            with mock.patch.object(paged_prefill, "ragged_tiles", lambda *args, tiling=tiling: tiling):
+                t_tiled = graph_time([triton])
+                err = (triton().float() - sdpa()[0].transpose(0, 1).float()).abs().max().item()
+            tiling_rows.append({"tokens": tokens, "tiling": "x".join(map(str, tiling)), "triton_ms": t_tiled * 1e3,
+                                "speed_vs_sdpa": t_sdpa / t_tiled, "max_abs_err": err})
     summary = {"device": torch.cuda.get_device_name(), "copy_GB_s": copy_bw / 1e9, "dtype": str(dtype),
                "min_decode_fraction_of_copy_bw": min(r["of_copy_bw"] for r in decode_rows),
                "prefill_speed_vs_sdpa_at_2048": next((r["speed_vs_sdpa"] for r in prefill_rows
-                                                      if r["tokens"] == 2048), None)}
+                                                      if r["tokens"] == 2048), None),
+               "tilings": tiling_rows}
     return decode_rows, prefill_rows, summary

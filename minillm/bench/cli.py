@@ -14,6 +14,20 @@ from minillm.quant import INT4_GROUP_SIZES
 from minillm.utils.arg_types import int_in, parsed_by
 
 
+def _parse_tiling(text: str) -> tuple[int, int, int]:
+    """'64x32x8' -> (BLOCK_M, BLOCK_N, warps): powers of two, tiles of 16 to 256, 1 to 16 warps."""
+    parts = text.lower().split("x")
+    if len(parts) != 3 or not all(p.isdigit() for p in parts):
+        raise ValueError(f"must be BLOCK_MxBLOCK_NxWARPS, e.g. 64x32x8, got {text!r}")
+    m, n, warps = map(int, parts)
+    if any(v & (v - 1) for v in (m, n, warps)) or not (16 <= m <= 256 and 16 <= n <= 256 and 1 <= warps <= 16):
+        raise ValueError(f"must be powers of two, tiles of 16 to 256 and 1 to 16 warps, got {text!r}")
+    return m, n, warps
+
+
+tiling = parsed_by(_parse_tiling)
+
+
 def _bench_kv_cache(args) -> None:
     from minillm.bench.kv_cache import COLUMNS, bench_kv_cache
     from minillm.bench.report import format_table, write_json
@@ -79,12 +93,14 @@ def _bench_throughput(args) -> None:
 
 
 def _bench_attention(args) -> None:
-    from minillm.bench.attention import DECODE_COLUMNS, PREFILL_COLUMNS, bench_attention
+    from minillm.bench.attention import DECODE_COLUMNS, PREFILL_COLUMNS, TILING_COLUMNS, bench_attention
     from minillm.bench.report import format_table, write_json
 
-    decode, prefill, summary = bench_attention(batch=args.batch)
+    decode, prefill, summary = bench_attention(batch=args.batch, tilings=tuple(args.tilings))
     print(format_table(decode, DECODE_COLUMNS))
     print(format_table(prefill, PREFILL_COLUMNS))
+    if summary["tilings"]:
+        print(format_table(summary["tilings"], TILING_COLUMNS))
     print(json.dumps(summary))
     write_json(args.out, "attention", {"batch": args.batch}, decode + prefill, summary)
     print(f"wrote {args.out}")
@@ -210,6 +226,8 @@ def add_bench_commands(sub: argparse._SubParsersAction, model_args: Callable[[ar
     attn = bench_command("attention", "Triton attention kernels against memory bandwidth and SDPA (CUDA)",
                          _bench_attention, model=False)
     attn.add_argument("--batch", type=int_in(1), default=8)
+    attn.add_argument("--tilings", type=tiling, nargs="*", default=[], metavar="MxNxW",
+                      help="also time the ragged prefill kernel at these BLOCK_M x BLOCK_N x warps (e.g. 64x32x8)")
     dec = bench_command("decode", "the roofline of a step: decode at rising batch sizes (eager and CUDA graphs) "
                         "and prefill, against the measured copy bandwidth and matmul peak", _bench_decode)
     dec.add_argument("--batches", type=int_in(1), nargs="+", default=[1, 2, 4, 8, 16, 32, 64, 128, 256])
