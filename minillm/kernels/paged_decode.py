@@ -106,10 +106,15 @@ def _merge_partitions_kernel(
 def decode_tile(target: GPUSpec | None, partition_size: int, group_pad: int, dim_pad: int,
                 element_size: int) -> int:
     """Tokens per tile: 64 where the partition allows and a block's shared memory holds the queries
-    and tiles of K and V that long (enough work per load to keep memory busy); fewer otherwise."""
+    and tiles of K and V that long (enough work per load to keep memory busy); fewer otherwise.
+    Before Hopper at most 32: 64-token tiles spilled registers there (584-704 bytes a thread on an
+    A100, 800-1,752 on a T4, by ptxas's report through `kernels/aot.py`), where on an H100, which
+    reads K and V at the copy bandwidth with them, they spill 80."""
     tiles = [n for n in (64, 32, 16) if partition_size % n == 0]
     if target is None:
         return tiles[0]
+    if target.capability < 90:
+        tiles = [n for n in tiles if n <= 32]
     return first_fitting(target, tiles, lambda n: shared_bytes_bound(target, group_pad + 2 * n, dim_pad,
                                                                      element_size))
 
@@ -123,6 +128,7 @@ class DecodeLaunch:
     tile_n: int
     group_pad: int  # query heads per KV head, padded for tl.dot
     dim_pad: int  # head_dim, padded likewise
+    num_warps: int  # 8 on a T4, where 4 spill registers even with 32-token tiles
 
     @property
     def num_programs(self) -> int:
@@ -138,7 +144,8 @@ def decode_launch(num_seqs: int, num_heads: int, num_kv_heads: int, head_dim: in
     group_pad = max(16, triton.next_power_of_2(num_heads // num_kv_heads))
     tile_n = decode_tile(target, partition_size, group_pad, dim_pad, element_size)
     num_parts = triton.cdiv(max_seq_len, partition_size)
-    return DecodeLaunch((num_seqs, num_kv_heads, num_parts), partition_size, tile_n, group_pad, dim_pad)
+    warps = 8 if target is not None and target.capability < 80 else 4
+    return DecodeLaunch((num_seqs, num_kv_heads, num_parts), partition_size, tile_n, group_pad, dim_pad, warps)
 
 
 def paged_decode_partitions(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -170,7 +177,7 @@ def paged_decode_partitions(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         lse.stride(0), lse.stride(1),
         GROUP=num_heads // num_kv_heads, GROUP_PAD=launch.group_pad, HEAD_DIM=head_dim, DIM_PAD=launch.dim_pad,
         BLOCK_SIZE=block_size, PARTITION=partition_size, TILE_N=launch.tile_n,
-        PRECISION=dot_precision(q.dtype))
+        PRECISION=dot_precision(q.dtype), num_warps=launch.num_warps)
     return part_out, lse
 
 
