@@ -59,8 +59,8 @@ def _gemm_kernel(x_ptr, w_ptr, scales_ptr, zeros_ptr, bias_ptr, out_ptr, M, N, K
 def gemm_tiles(target: GPUSpec | None, int4: bool, group_size: int, element_size: int) -> tuple[int, int, int, int]:
     """(BLOCK_M, BLOCK_N, BLOCK_K, num_stages) of the gemm path on `target` (None: the interpreter),
     a tile lying in one int4 group. Tiles of 64 x 128 outputs keep the tensor cores busy on every
-    GPU here; the loads of x's tiles run ahead of the arithmetic by up to 3 tiles, each in shared
-    memory, as many as fit beside the weight tile in a block's shared memory (one on a T4 in fp32)."""
+    GPU here but a T4 (below); the loads of x's tiles run ahead of the arithmetic by up to 3 tiles,
+    each in shared memory, as many as fit beside the weight tile in a block's shared memory."""
     block_m, block_n = 64, 128
     block_k = min(64, group_size) if int4 else 64
     if target is None:
