@@ -163,7 +163,9 @@ class CudaGraphs:
             self.graphs[batch] = graph
         torch.cuda.synchronize()
         self.capture_seconds = time.perf_counter() - start
-        self.memory_bytes = torch.cuda.memory_reserved() - reserved_before
+        # The shared logits output, allocated before, is the graphs' memory too.
+        output = self.logits_out.numel() * self.logits_out.element_size()
+        self.memory_bytes = torch.cuda.memory_reserved() - reserved_before + output
         others = (f"other steps of {self.token_sizes[0]} to {self.token_sizes[-1]} tokens ({len(self.token_sizes)} "
                   "sizes)" if self.token_sizes else "no other steps (cudagraph_mode='FULL_DECODE_ONLY')")
         logger.info(f"captured CUDA graphs of the {name}: decode batches of {self.decode_sizes[0]} to "
