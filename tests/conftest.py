@@ -6,9 +6,16 @@ import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TQDM_DISABLE", "1")
+# Under pytest-xdist (`make test` runs one worker per core) each worker, and every process it starts,
+# computes on one thread: two-thread processes on as many cores as workers would wait on each other.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["OMP_NUM_THREADS"] = "1"
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(1)  # in case torch was imported before the variable was set
 
 # Triton reads this when a kernel is defined: set before anything imports minillm.kernels, so that
 # without a GPU every kernel runs (and is tested) in Triton's CPU interpreter.

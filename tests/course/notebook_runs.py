@@ -18,6 +18,12 @@ NOTEBOOK_ENV = {"TQDM_DISABLE": "1", "HF_HUB_OFFLINE": "1", "MINILLM_MODEL": "ti
                 "MINILLM_DRAFT_MODEL": "tiny-draft", "PYDEVD_DISABLE_FILE_VALIDATION": "1"}
 
 
+def runs_at_once() -> int:
+    """How many notebooks a test module runs at once: one per core this pytest process has to itself
+    (all of them, or one under pytest-xdist's one worker per core)."""
+    return max(1, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+
+
 def course_notebooks() -> list[Path]:
     return sorted([*ROOT.glob("notebooks/*.ipynb"), *ROOT.glob("solutions/*.ipynb")])
 

@@ -2,17 +2,17 @@
 untouched exercise zero, each check failing because it is not implemented yet. (Exercise 01 has
 its own, more detailed grading tests in test_grading.py.)
 
-Two chapters are graded at once, each submission's kernel on one thread, so that both of CI's
-cores are busy; the chapters that take longest start first."""
+Each submission's kernel computes on one thread; as many chapters are graded at once as this pytest
+process has cores to itself (see test_notebooks.py), the chapters that take longest first."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from notebook_runs import runs_at_once
 from test_grading import assert_full_marks_and_zero, grade_pair_in_child
 
 from minillm.course.run_time import RUN_TIMES
@@ -28,7 +28,7 @@ def graded(request, tmp_path_factory) -> Iterator[dict[str, Future]]:
     """The selected chapters' grading, started as the module begins."""
     selected = [item.callspec.params["name"] for item in request.session.items
                 if item.originalname == "test_the_solution_gets_full_marks_and_the_exercise_zero"]
-    pool = ThreadPoolExecutor(max_workers=min(2, os.cpu_count() or 1))
+    pool = ThreadPoolExecutor(max_workers=runs_at_once())
     runs = {name: pool.submit(grade_pair_in_child, tmp_path_factory.mktemp(f"grade-{name}"),
                               REPO / "solutions" / f"{name}.ipynb", REPO / "exercises" / f"{name}.ipynb")
             for name in sorted(selected, key=lambda name: RUN_TIMES[int(name[:2])].cpu_seconds, reverse=True)}

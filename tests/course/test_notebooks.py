@@ -1,13 +1,13 @@
 """Every chapter runs on the CPU under nbval, within its time budget, and its checked cells print
 exactly what was recorded. (The solutions have no checked cells; they run under the grader.)
 
-The chapters run two at a time, each kernel on one thread, so that both of CI's cores are busy:
-a kernel spends much of its time in Python, on one core. The longest chapters start first, and
-each chapter's budget counts from its own start, beside another running chapter."""
+Each kernel computes on one thread: it spends much of its time in Python, on one core. The chapters
+run as many at a time as this pytest process has cores to itself (one under `make test`, whose other
+worker keeps CI's second core busy), the longest first; each chapter's budget counts from its own
+start, beside whatever runs on the other core."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import time
 from collections.abc import Iterator
@@ -15,12 +15,11 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from notebook_runs import chapter_notebooks, run_nbval, with_expected_outputs
+from notebook_runs import chapter_notebooks, run_nbval, runs_at_once, with_expected_outputs
 
 from minillm.course.run_time import RUN_TIMES
 
-BUDGET_SECONDS = 120  # per notebook, on a 2-core CPU, beside another notebook
-AT_ONCE = 2
+BUDGET_SECONDS = 120  # per notebook, on one of a 2-core CPU's cores
 
 
 def _timed_run(notebook: Path, dest: Path) -> tuple[subprocess.CompletedProcess, float]:
@@ -39,7 +38,7 @@ def nbval_runs(request, tmp_path_factory) -> Iterator[dict[Path, Future]]:
     """The selected chapters' runs, started as the module begins, longest first."""
     selected = [item.callspec.params["notebook"] for item in request.session.items
                 if item.originalname == "test_notebook_runs_under_nbval"]
-    pool = ThreadPoolExecutor(max_workers=min(AT_ONCE, os.cpu_count() or 1))
+    pool = ThreadPoolExecutor(max_workers=runs_at_once())
     runs = {nb: pool.submit(_timed_run, nb, tmp_path_factory.mktemp(nb.stem))
             for nb in sorted(selected, key=_chapter_seconds, reverse=True)}
     yield runs
