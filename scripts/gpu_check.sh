@@ -173,7 +173,7 @@ fi
 step 1 host 30 $PY -m minillm.cli bench step --model "$REPO/minillm/assets/tiny" --device cuda --batch-sizes 1 16 \
     --steps 30 $BEFORE --out "$OUTDIR/step.json"
 # The same on this tree with the inputs copied from pageable memory (utils/staging.py): what the
-# pinned mirrors buy, or cost, in the prepare phase.
+# pinned host arrays buy, or cost, in the prepare phase.
 step 1 host-pageable 12 env MINILLM_PINNED_STAGING=0 $PY -m minillm.cli bench step \
     --model "$REPO/minillm/assets/tiny" --device cuda --batch-sizes 1 16 --steps 30 --out "$OUTDIR/step-pageable.json"
 

@@ -16,7 +16,7 @@ of length 0: every padding row attends to nothing and gives zeros.
 
 from __future__ import annotations
 
-import dataclasses
+import copy
 
 import torch
 
@@ -25,7 +25,7 @@ from minillm.kernels.ops import KernelOps
 from minillm.kv.pool import KVPool
 from minillm.layers.rotary import QKRotation
 from minillm.sequence import Sequence
-from minillm.utils.staging import stage
+from minillm.utils.staging import CpuGpuBuffer
 
 
 class PagedAttention:
@@ -46,14 +46,15 @@ class PagedAttention:
             {"k_scales": k_scales, "v_scales": v_scales} for k_scales, v_scales in kv_pool.kv_scales]
         device = kv_pool.kv_caches[0][0].device
 
-        def zeros(*shape: int) -> torch.Tensor:
-            return torch.zeros(shape, dtype=torch.int32, device=device)
+        def int32(*shape: int, fill: int = 0) -> CpuGpuBuffer:
+            return CpuGpuBuffer(*shape, dtype=torch.int32, device=device, fill=fill)
 
         # One sequence row more than a step has: a padded step's padding tokens belong to it.
-        self.slot_mapping = torch.full((max_num_tokens,), -1, dtype=torch.int32, device=device)
-        self.block_tables = zeros(max_num_seqs + 1, -(-max_model_len // block_size))  # wide enough for max_model_len
-        self.seq_lens = zeros(max_num_seqs + 1)
-        self.cu_seqlens_q = zeros(max_num_seqs + 2)
+        self.slot_mapping = int32(max_num_tokens, fill=-1)
+        self.block_tables = int32(max_num_seqs + 1, -(-max_model_len // block_size))  # wide enough for max_model_len
+        self.seq_lens = int32(max_num_seqs + 1)
+        self.cu_seqlens_q = int32(max_num_seqs + 2)
+        self._graph_metadata: dict[BatchDescriptor, AttentionMetadata] = {}
 
     @property
     def kernel(self) -> str:
@@ -69,35 +70,38 @@ class PagedAttention:
             table = seq.block_table
             slots += (table[p // size] * size + p % size for p in range(start, start + n))
             seq_lens.append(start + n)
-        width = max(len(seq.block_table) for seq in seqs)
-        tables = torch.tensor([seq.block_table + [0] * (width - len(seq.block_table)) for seq in seqs],
-                              dtype=torch.int32)
-        self.block_tables[:len(seqs), :width].copy_(tables, non_blocking=True)
+        tables = [seq.block_table for seq in seqs]
+        block_tables = self.block_tables.stage_rows(tables, max(map(len, tables)))
         if batch is None:
             return AttentionMetadata(
-                query_start_loc=loc, start_pos=list(start_pos), block_tables=self.block_tables[:len(seqs), :width],
-                slot_mapping=stage(self.slot_mapping, slots), seq_lens=stage(self.seq_lens, seq_lens),
-                cu_seqlens_q=stage(self.cu_seqlens_q, loc), max_seq_len=max(seq_lens),
+                query_start_loc=loc, start_pos=list(start_pos), block_tables=block_tables,
+                slot_mapping=self.slot_mapping.stage(slots), seq_lens=self.seq_lens.stage(seq_lens),
+                cu_seqlens_q=self.cu_seqlens_q.stage(loc), max_seq_len=max(seq_lens),
                 max_query_len=max(query_lens), decode_only=all(n == 1 for n in query_lens))
         # Padding sequence rows own no tokens but the last, which owns the padding token rows.
         pad_rows = batch.num_seqs - len(seqs)
         padded_loc = loc + [loc[-1]] * (pad_rows - 1) + [batch.num_tokens] if pad_rows else loc
-        stage(self.slot_mapping, slots, batch.num_tokens, pad=-1)  # -1: store nothing
-        stage(self.seq_lens, seq_lens, batch.num_seqs)  # 0: attend to nothing
-        stage(self.cu_seqlens_q, padded_loc)
-        return dataclasses.replace(self.graph_metadata(batch), query_start_loc=loc, start_pos=list(start_pos))
+        self.slot_mapping.stage(slots, batch.num_tokens, pad=-1)  # -1: store nothing
+        self.seq_lens.stage(seq_lens, batch.num_seqs)  # 0: attend to nothing
+        self.cu_seqlens_q.stage(padded_loc)
+        metadata = copy.copy(self.graph_metadata(batch))
+        metadata.query_start_loc, metadata.start_pos = loc, list(start_pos)
+        return metadata
 
     def graph_metadata(self, batch: BatchDescriptor) -> AttentionMetadata:
         """The metadata of any step padded to `batch`, whatever its sequences: what a CUDA graph
         captures, every tensor a fixed view of this backend's, the tables as wide as max_model_len
         needs. Its bounds are the shape's: the decode kernel's partitions cover max_model_len, the
         ragged kernel's tiles are chosen for queries as long as the whole shape."""
-        n = batch.num_seqs
-        return AttentionMetadata(
-            query_start_loc=list(range(n + 1)), start_pos=[0] * n,
-            slot_mapping=self.slot_mapping[:batch.num_tokens], block_tables=self.block_tables[:n],
-            seq_lens=self.seq_lens[:n], cu_seqlens_q=self.cu_seqlens_q[:n + 1], max_seq_len=self.max_model_len,
-            max_query_len=1 if batch.uniform_decode else batch.num_tokens, decode_only=batch.uniform_decode)
+        if batch not in self._graph_metadata:  # the same views every step: made once per shape
+            n = batch.num_seqs
+            self._graph_metadata[batch] = AttentionMetadata(
+                query_start_loc=list(range(n + 1)), start_pos=[0] * n,
+                slot_mapping=self.slot_mapping.tensor[:batch.num_tokens], block_tables=self.block_tables.tensor[:n],
+                seq_lens=self.seq_lens.tensor[:n], cu_seqlens_q=self.cu_seqlens_q.tensor[:n + 1],
+                max_seq_len=self.max_model_len, max_query_len=1 if batch.uniform_decode else batch.num_tokens,
+                decode_only=batch.uniform_decode)
+        return self._graph_metadata[batch]
 
     def forward(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 metadata: AttentionMetadata, rotation: QKRotation | None = None) -> torch.Tensor:

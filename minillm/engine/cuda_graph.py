@@ -83,10 +83,10 @@ def padded_forward(model: CausalLM, attn_backend: AttentionBackend, buffers: Inp
     """The model on the front rows of the buffers, padded to `batch`: logits [batch.num_logits, vocab],
     at every row of a uniform decode, else at buffers.logits_indices."""
     metadata = attn_backend.graph_metadata(batch)
-    hidden = model(buffers.input_ids[:batch.num_tokens], buffers.positions[:batch.num_tokens],
+    hidden = model(buffers.input_ids.tensor[:batch.num_tokens], buffers.positions.tensor[:batch.num_tokens],
                    functools.partial(attn_backend.forward, metadata=metadata))
     if not batch.uniform_decode:
-        hidden = hidden[buffers.logits_indices[:batch.num_logits]]
+        hidden = hidden[buffers.logits_indices.tensor[:batch.num_logits]]
     return model.compute_logits(hidden)
 
 
@@ -109,7 +109,7 @@ class CudaGraphs:
         # a step reads only its own, before the next step runs.
         rows = max(self.decode_sizes[-1], max_num_logits if self.token_sizes else 0)
         self.logits_out = torch.empty((rows, model.config.vocab_size), dtype=torch.float32,
-                                      device=buffers.input_ids.device)
+                                      device=buffers.input_ids.tensor.device)
         self.capture_seconds = 0.0
         self.memory_bytes = 0
         if capture:

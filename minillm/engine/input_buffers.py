@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import torch
 
+from minillm.utils.staging import CpuGpuBuffer
+
 
 class InputBuffers:
     def __init__(self, max_num_tokens: int, device: torch.device) -> None:
-        self.input_ids = torch.zeros(max_num_tokens, dtype=torch.long, device=device)
-        self.positions = torch.zeros(max_num_tokens, dtype=torch.long, device=device)
-        self.logits_indices = torch.zeros(max_num_tokens, dtype=torch.long, device=device)
+        self.input_ids = CpuGpuBuffer(max_num_tokens, dtype=torch.long, device=device)
+        self.positions = CpuGpuBuffer(max_num_tokens, dtype=torch.long, device=device)
+        self.logits_indices = CpuGpuBuffer(max_num_tokens, dtype=torch.long, device=device)

@@ -14,7 +14,6 @@ from minillm.engine.cuda_graph import CudaGraphs
 from minillm.engine.input_buffers import InputBuffers
 from minillm.models.interface import CausalLM
 from minillm.sequence import Sequence
-from minillm.utils.staging import stage
 
 
 @dataclass
@@ -49,8 +48,8 @@ def build_model_input(seqs: list[Sequence], start_pos: list[int], token_ids: lis
     ends = metadata.query_start_loc[1:]
     logits_indices = [i for end, k in zip(ends, num_logits) for i in range(end - k, end)]
     rows = None if batch is None else batch.num_tokens
-    indices = stage(buffers.logits_indices, logits_indices, None if batch is None else batch.num_logits)
-    return ModelInput(stage(buffers.input_ids, input_ids, rows), stage(buffers.positions, positions, rows),
+    indices = buffers.logits_indices.stage(logits_indices, None if batch is None else batch.num_logits)
+    return ModelInput(buffers.input_ids.stage(input_ids, rows), buffers.positions.stage(positions, rows),
                       metadata, indices[:len(logits_indices)], list(num_logits), batch, list(num_prompt_logits or []))
 
 

@@ -20,18 +20,20 @@ def test_the_paged_backend_stages_slots_lengths_and_tables_in_its_own_tensors():
     backend = engine.model_runner.attn_backend
     assert isinstance(backend, PagedAttention) and not hasattr(engine.kv_cache_manager, "attn_backend")
     a, b = Sequence("a", prompt_token_ids=range(6)), Sequence("b", prompt_token_ids=range(3))
-    a.block_table, b.block_table = [7, 2], [5]
+    a.block_table, b.block_table = [7, 2], [5, 9, 3]
+    backend.build_metadata([a, b], [6, 0], [1, 3])  # b's row now holds 3 entries on the host too
+    b.block_table = [5]
     # a decodes its 7th token (position 6, block 2 slot 2); b prefills 3 tokens from position 0.
     metadata = backend.build_metadata([a, b], [6, 0], [1, 3])
     assert metadata.query_start_loc == query_start_loc([1, 3]) == [0, 1, 4]
     assert metadata.slot_mapping.tolist() == [2 * 4 + 2, 5 * 4, 5 * 4 + 1, 5 * 4 + 2]
     assert metadata.seq_lens.tolist() == [7, 3]
-    assert metadata.block_tables.tolist() == [[7, 2], [5, 0]]
+    assert metadata.block_tables.tolist() == [[7, 2], [5, 0]]  # what the last step left there is cleared
     assert metadata.cu_seqlens_q.tolist() == [0, 1, 4]
     assert (metadata.decode_only, metadata.max_query_len, metadata.max_seq_len) == (False, 3, 7)
     for staged, own in ((metadata.slot_mapping, backend.slot_mapping), (metadata.seq_lens, backend.seq_lens),
                         (metadata.block_tables, backend.block_tables)):
-        assert staged.data_ptr() == own.data_ptr()  # a view, never a new tensor
+        assert staged.data_ptr() == own.tensor.data_ptr()  # a view, never a new tensor
 
     # Padded to a graph's 8 tokens and 4 sequence rows: the padding tokens store nothing and belong
     # to the last sequence row, which has no keys; the rows between own nothing.
@@ -43,7 +45,8 @@ def test_the_paged_backend_stages_slots_lengths_and_tables_in_its_own_tensors():
     # Bounds of the shape, not of the batch: the same launch for every batch padded to it.
     assert (padded.decode_only, padded.max_query_len, padded.max_seq_len) == (False, 8, engine.max_model_len)
     graph = backend.graph_metadata(BatchDescriptor(4, 4, 4, uniform_decode=True))
-    assert graph.slot_mapping.data_ptr() == backend.slot_mapping.data_ptr()
+    assert graph.slot_mapping.data_ptr() == backend.slot_mapping.tensor.data_ptr()
+    assert backend.graph_metadata(BatchDescriptor(4, 4, 4, uniform_decode=True)) is graph  # made once per shape
     assert (graph.decode_only, graph.max_query_len, graph.max_seq_len) == (True, 1, engine.max_model_len)
 
 

@@ -21,7 +21,7 @@ def test_several_positions_of_a_sequence_get_logits_and_tokens():
     runner = engine.model_runner
     with torch.inference_mode():
         model_input = runner.prepare(batch)
-        assert model_input.input_ids.data_ptr() == runner.buffers.input_ids.data_ptr()  # no new tensor
+        assert model_input.input_ids.data_ptr() == runner.buffers.input_ids.tensor.data_ptr()  # no new tensor
         # The last three positions of the first prompt, the last one of the second.
         ends = [len(PROMPTS[0]), len(PROMPTS[0]) + len(PROMPTS[1])]
         model_input.logits_indices = [ends[0] - 3, ends[0] - 2, ends[0] - 1, ends[1] - 1]

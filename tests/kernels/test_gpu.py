@@ -14,7 +14,7 @@ from conftest import HF_CONFIGS, make_hf_model
 from minillm import LLM, SamplingParams
 from minillm.engine.model_runner import sequence_logits
 from minillm.utils.device import cuda_bf16_native
-from minillm.utils.staging import host_mirror, stage
+from minillm.utils.staging import CpuGpuBuffer
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -88,13 +88,14 @@ def test_cuda_graph_decode_matches_eager(hf_checkpoint, quantization):
     assert sum(g.replays for b, g in graphs.graphs.items() if not b.uniform_decode) >= 1  # the prefill
 
 
-def test_inputs_are_staged_through_pinned_host_mirrors():
-    buffer = torch.full((8,), 7, dtype=torch.int32, device="cuda")
-    stage(buffer, [1, 2, 3], num_rows=5, pad=-1)
-    mirror = host_mirror(buffer)
-    assert mirror is not None and mirror.host.is_pinned() and host_mirror(buffer) is mirror
-    stage(buffer, [9, 8])  # queued right behind the first copy, through the same mirror
-    assert buffer.tolist() == [9, 8, 3, -1, -1, 7, 7, 7]
+def test_inputs_are_staged_through_pinned_host_arrays():
+    buffer = CpuGpuBuffer(8, dtype=torch.int32, device="cuda", fill=7)
+    assert buffer.cpu.is_pinned() and buffer.cpu.data_ptr() == buffer.np.ctypes.data
+    buffer.stage([1, 2, 3], num_rows=5, pad=-1)
+    buffer.stage([9, 8])  # queued right behind the first copy, through the same array
+    assert buffer.tensor.tolist() == [9, 8, 3, -1, -1, 7, 7, 7]
+    tables = CpuGpuBuffer(3, 4, dtype=torch.int32, device="cuda", fill=5)
+    assert tables.stage_rows([[1, 2, 3], [4]], width=3).tolist() == [[1, 2, 3], [4, 0, 0]]
 
 
 def test_an_all_greedy_decode_step_syncs_only_to_read_its_tokens():
