@@ -4,7 +4,9 @@ The draft keeps K/V in a paged pool of its own with as many blocks as the target
 target's block tables: a block id means the same tokens in both pools, so the block manager, the
 lookahead slots the scheduler reserves and preemption serve the draft too. Proposing k tokens takes
 k draft steps: the first catches the draft up on every token it has not seen (a whole prompt, or the
-one or two tokens the last verification added), each later one feeds the previous draft token.
+one or two tokens the last verification added), each later one feeds the previous draft token. That
+token stays on the device, copied into the next step's input ids there: the host queues the k steps
+back to back and waits for the device once, to read all k drafts (k waits before).
 
 Rollback is a number: the draft's K/V for rejected tokens stay in the pool, but the draft counts as
 having computed only the tokens the target kept, so they are overwritten before they are read.
@@ -50,38 +52,53 @@ class DraftModelProposer:
 
     @torch.inference_mode()
     def propose(self, seqs: list[Sequence], num_tokens: list[int]) -> Proposal:
-        drafts: list[list[int]] = [[] for _ in seqs]
         probs: list[list[torch.Tensor]] = [[] for _ in seqs]
+        # Each draft step's sequences and its tokens, on the device, a row per sequence: a step's
+        # tokens are the next step's input without the host reading them.
+        steps: list[tuple[list[int], torch.Tensor]] = []
         active = [i for i, k in enumerate(num_tokens) if k]
         for j in range(max(num_tokens, default=0)):
-            active = [i for i in active if num_tokens[i] > j]
+            kept = [row for row, i in enumerate(active) if num_tokens[i] > j]
+            active = [active[row] for row in kept]
             batch = [seqs[i] for i in active]
             if j == 0:  # roll back to what the target kept, then catch up on every token since
                 starts = [min(s.num_draft_computed_tokens, s.num_computed_tokens) for s in batch]
                 feed = [s.token_ids[start:] for s, start in zip(batch, starts)]
-            else:
+            else:  # the previous draft token, whose id only the device knows yet: a placeholder first
                 starts = [s.num_draft_computed_tokens for s in batch]
-                feed = [[drafts[i][-1]] for i in active]
+                feed = [[0] for _ in batch]
             model_input = build_model_input(batch, starts, feed, [1] * len(batch), self.attn_backend, self.buffers,
                                             self.cuda_graphs)
+            if j:
+                tokens = steps[-1][1]
+                if len(kept) < len(tokens):
+                    tokens = tokens[torch.tensor(kept).to(tokens.device, non_blocking=True)]
+                model_input.input_ids[:len(batch)].copy_(tokens)
             logits = execute_model_input(self.model, self.attn_backend, model_input, self.cuda_graphs)
             for s, start, ids in zip(batch, starts, feed):
                 s.num_draft_computed_tokens = start + len(ids)
             tokens, q = self._sample(logits, batch, j)
+            steps.append((active, tokens))
             for row, i in enumerate(active):
-                drafts[i].append(tokens[row])
                 if q is not None and not seqs[i].params.greedy:
                     probs[i].append(q[row])
+        # The one time the host waits for the draft: its steps were queued back to back.
+        drafts: list[list[int]] = [[] for _ in seqs]
+        ids = iter(torch.cat([tokens for _, tokens in steps]).tolist() if steps else [])
+        for rows, _ in steps:
+            for i in rows:
+                drafts[i].append(next(ids))
         return Proposal(drafts, [torch.stack(p) if p else None for p in probs])
 
-    def _sample(self, logits: torch.Tensor, seqs: list[Sequence], offset: int) -> tuple[list[int], torch.Tensor | None]:
-        """A draft token per row from the draft's distribution after the request's own filters (the
-        q the rejection sampler divides by); greedy rows take the argmax and need no q."""
+    def _sample(self, logits: torch.Tensor, seqs: list[Sequence],
+                offset: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """A draft token per row, on the device, from the draft's distribution after the request's own
+        filters (the q the rejection sampler divides by); greedy rows take the argmax and need no q."""
         meta = SamplingMetadata.from_seqs(seqs, logits.device, [offset] * len(seqs))
         ban_tokens(logits, meta.banned_token_ids)
         if meta.all_greedy:
-            return logits.argmax(dim=-1).tolist(), None
+            return logits.argmax(dim=-1), None
         q = sampling_probs(logits, meta)
         noise = per_row_random(q.shape, meta.generators, self.generator, torch.Tensor.exponential_)
         greedy = torch.tensor([s.params.greedy for s in seqs], device=logits.device)
-        return torch.where(greedy, logits.argmax(dim=-1), (q / noise).argmax(dim=-1)).tolist(), q
+        return torch.where(greedy, logits.argmax(dim=-1), (q / noise).argmax(dim=-1)), q

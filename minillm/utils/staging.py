@@ -72,6 +72,8 @@ class CpuGpuBuffer:
         """Each of rows written to the front of a row of a 2-D buffer, the rest of its first `width`
         entries set to 0; returns the view [:len(rows), :width]. Whole rows are copied: one contiguous
         copy, where their first `width` entries alone would be a strided one."""
+        if len(rows) > self.np.shape[0]:
+            raise ValueError(f"{len(rows)} rows staged into a buffer of {self.np.shape[0]}")
         self._writable()
         for host_row, row in zip(self.np, rows):
             host_row[:len(row)] = row
@@ -85,7 +87,10 @@ class CpuGpuBuffer:
     def _copy(self, rows: int) -> torch.Tensor:
         view = self.tensor[:rows]
         if self.cpu is not self.tensor:
-            view.copy_(self.cpu[:rows], non_blocking=True)
+            # Not waited for on CUDA: from pinned memory it is queued (the event guards the array), from
+            # pageable memory it returns once the driver holds the bytes. MPS would read the array
+            # only when the copy runs, after the next step may have overwritten it.
+            view.copy_(self.cpu[:rows], non_blocking=self.tensor.is_cuda)
             if self._copied is not None:
-                self._copied.record()
+                self._copied.record(torch.cuda.current_stream(self.tensor.device))
         return view

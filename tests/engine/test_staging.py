@@ -60,22 +60,23 @@ class FakeEvent:
     def synchronize(self) -> None:
         self.log.append(("wait", self.host.tolist()))
 
-    def record(self) -> None:
+    def record(self, stream) -> None:
         self.log.append(("record", self.host.tolist()))
 
 
-def with_pinned_array(buffer: CpuGpuBuffer) -> FakeEvent:
+def with_pinned_array(buffer: CpuGpuBuffer, monkeypatch) -> FakeEvent:
     """The buffer given a host array of its own and an event, as a GPU's buffer has: what a CPU can
     check of the copies' order."""
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: None)
     buffer.cpu = torch.zeros_like(buffer.tensor)
     buffer.np = buffer.cpu.numpy()
     buffer._copied = event = FakeEvent(buffer.cpu)
     return event
 
 
-def test_an_array_is_overwritten_only_after_its_previous_copy_is_done():
+def test_an_array_is_overwritten_only_after_its_previous_copy_is_done(monkeypatch):
     buffer = CpuGpuBuffer(4, dtype=torch.int64, device="cpu", fill=-1)
-    event = with_pinned_array(buffer)
+    event = with_pinned_array(buffer, monkeypatch)
     buffer.stage([1, 2, 3])
     assert buffer.tensor.tolist() == [1, 2, 3, -1]
     buffer.stage([8, 9])
@@ -87,9 +88,9 @@ def test_an_array_is_overwritten_only_after_its_previous_copy_is_done():
 
 
 @pytest.mark.parametrize("values", [[], [5]])
-def test_an_array_copies_any_number_of_rows_it_holds_and_pads_the_rest(values):
+def test_an_array_copies_any_number_of_rows_it_holds_and_pads_the_rest(values, monkeypatch):
     buffer = CpuGpuBuffer(3, dtype=torch.int32, device="cpu", fill=3)
-    with_pinned_array(buffer)
+    with_pinned_array(buffer, monkeypatch)
     buffer.stage(values, num_rows=2, pad=-1)
     assert buffer.tensor.tolist() == values + [-1] * (2 - len(values)) + [3]
 
@@ -99,9 +100,9 @@ def test_the_padding_and_the_tables_travel_in_one_copy_each(monkeypatch):
     of every step, and a strided table a copy kernel of its own: each array holds its padding
     already when its one contiguous copy is queued."""
     buffer = CpuGpuBuffer(6, dtype=torch.int32, device="cpu", fill=7)
-    event = with_pinned_array(buffer)
+    event = with_pinned_array(buffer, monkeypatch)
     tables = CpuGpuBuffer(3, 4, dtype=torch.int32, device="cpu")
-    with_pinned_array(tables)
+    with_pinned_array(tables, monkeypatch)
     copies = []
     real_copy = torch.Tensor.copy_
 
@@ -114,4 +115,7 @@ def test_the_padding_and_the_tables_travel_in_one_copy_each(monkeypatch):
     assert buffer.stage([1, 2], num_rows=4, pad=-1).tolist() == [1, 2, -1, -1]
     assert buffer.tensor[4:].tolist() == [7, 7] and event.log[-1] == ("record", [1, 2, -1, -1, 0, 0])
     assert tables.stage_rows([[1, 2], [3]], width=2).tolist() == [[1, 2], [3, 0]]
-    assert copies == [(True, True), (True, True)]
+    # One contiguous copy each; off CUDA waited for, as MPS would read the array only when it runs.
+    assert copies == [(True, False), (True, False)]
+    with pytest.raises(ValueError, match="4 rows staged into a buffer of 3"):
+        tables.stage_rows([[1]] * 4, width=1)

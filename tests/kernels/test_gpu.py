@@ -1,5 +1,6 @@
-"""On a CUDA GPU: parity with transformers in bfloat16, CUDA-graph decode against eager steps, and a
-greedy decode step that waits for the device only to read its tokens.
+"""On a CUDA GPU: parity with transformers in bfloat16, CUDA-graph decode against eager steps, a
+greedy decode step that waits for the device only to read its tokens, and a draft model that waits
+once for its k drafts.
 Skipped where there is no GPU (CI has none); run it on one with `pytest tests/kernels/test_gpu.py`, or with
 every other GPU test and benchmark through scripts/gpu_check.sh."""
 
@@ -91,33 +92,58 @@ def test_cuda_graph_decode_matches_eager(hf_checkpoint, quantization):
 def test_inputs_are_staged_through_pinned_host_arrays():
     buffer = CpuGpuBuffer(8, dtype=torch.int32, device="cuda", fill=7)
     assert buffer.cpu.is_pinned() and buffer.cpu.data_ptr() == buffer.np.ctypes.data
-    buffer.stage([1, 2, 3], num_rows=5, pad=-1)
-    buffer.stage([9, 8])  # queued right behind the first copy, through the same array
+    torch.cuda._sleep(50_000_000)  # the stream busy for a while: the first copy is still queued...
+    first = buffer.stage([1, 2, 3], num_rows=5, pad=-1).clone()
+    buffer.stage([9, 8])  # ...when the second stage wants the array: it must wait for that copy
+    assert first.tolist() == [1, 2, 3, -1, -1]
     assert buffer.tensor.tolist() == [9, 8, 3, -1, -1, 7, 7, 7]
     tables = CpuGpuBuffer(3, 4, dtype=torch.int32, device="cuda", fill=5)
     assert tables.stage_rows([[1, 2, 3], [4]], width=3).tolist() == [[1, 2, 3], [4, 0, 0]]
 
 
-def test_an_all_greedy_decode_step_syncs_only_to_read_its_tokens():
-    """The argmax stays on the device and the inputs are queued, not waited for: the one time a
-    greedy decode step's host waits for the GPU is when it reads the sampled ids back."""
-    engine = LLM("tiny", device="cuda", skip_tokenizer_init=True).llm_engine
+def decoding_engine(**kwargs):
+    """tiny on the GPU with three greedy requests past their first decode step."""
+    engine = LLM("tiny", device="cuda", skip_tokenizer_init=True, **kwargs).llm_engine
     assert engine.model_runner.cuda_graphs is not None
-    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
     for i in range(3):
         engine.add_request(f"greedy-{i}", {"prompt_token_ids": [1 + i] * (5 + i)}, params)
     while engine.scheduler.waiting or any(seq.num_output_tokens == 0 for seq in engine.scheduler.running):
         engine.step()
     engine.step()  # the first decode step of this batch
     torch.cuda.synchronize()
+    return engine
+
+
+def syncs_of(fn) -> tuple[list[str], object]:
+    """The host's waits for the device while fn runs, as torch's sync debug mode reports them; and
+    what fn returned."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         torch.cuda.set_sync_debug_mode("warn")
         try:
-            outputs = engine.step()
+            result = fn()
         finally:
             torch.cuda.set_sync_debug_mode("default")
-    assert sorted(out.request_id for out in outputs) == [f"greedy-{i}" for i in range(3)]
     # torch's first warning in this mode says the mode is a prototype; each sync is its own warning
-    syncs = [str(w.message) for w in caught if "called a synchronizing CUDA operation" in str(w.message)]
+    return [str(w.message) for w in caught if "called a synchronizing CUDA operation" in str(w.message)], result
+
+
+def test_an_all_greedy_decode_step_syncs_only_to_read_its_tokens():
+    """The argmax stays on the device and the inputs are queued, not waited for: the one time a
+    greedy decode step's host waits for the GPU is when it reads the sampled ids back."""
+    engine = decoding_engine()
+    syncs, outputs = syncs_of(engine.step)
+    assert sorted(out.request_id for out in outputs) == [f"greedy-{i}" for i in range(3)]
+    assert len(syncs) == 1, syncs
+
+
+def test_the_draft_model_waits_for_the_device_once_for_all_its_drafts():
+    """Each draft step feeds the last one's tokens on the device: k draft steps, one wait."""
+    engine = decoding_engine(speculative_config={"model": "tiny-draft", "num_speculative_tokens": 4})
+    runner = engine.model_runner
+    batch = engine.scheduler.schedule()
+    assert batch.num_spec_tokens == [4, 4, 4]
+    syncs, proposal = syncs_of(lambda: runner.proposer.propose(batch.seqs, batch.num_spec_tokens))
+    assert [len(drafts) for drafts in proposal.token_ids] == [4, 4, 4]
     assert len(syncs) == 1, syncs
