@@ -19,11 +19,12 @@ COURSE_ARGS ?=
 course: env notebook-filter
 	$(BIN)/jupyter lab $(ALLOW_ROOT) --ServerApp.root_dir=. $(COURSE_ARGS) notebooks/00_welcome.ipynb
 
-# One pytest-xdist worker per core (at most 4), each computing on one thread (tests/conftest.py):
-# much of a test's time is Python on one core. Whole files go to a worker (loadfile), since the
-# notebook and grading modules start all their runs from one module-scoped fixture.
+# One pytest-xdist worker per logical core (at most 4; tests/course/notebook_runs.py counts cores the
+# same way), each computing on one thread (tests/conftest.py): much of a test's time is Python on one
+# core. Whole files go to a worker (loadfile), since the notebook and grading modules start all their
+# runs from one module-scoped fixture.
 test: env $(COLAB_WIDGETS)
-	$(BIN)/python -m pytest -n auto --maxprocesses 4 --dist loadfile
+	$(BIN)/python -m pytest -n logical --maxprocesses 4 --dist loadfile
 
 env: $(INSTALLED)
 
