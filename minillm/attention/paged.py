@@ -103,6 +103,21 @@ class PagedAttention:
                 decode_only=batch.uniform_decode)
         return self._graph_metadata[batch]
 
+    def advance_decode(self, num_seqs: int) -> torch.Tensor:
+        """The metadata of a uniform decode step of num_seqs padded rows that follows a padded step of
+        the same sequences in the same rows (a draft model's next step), each sequence one token
+        further: written on the device from the metadata already there, so that no host work (and a
+        CUDA graph) makes it. Rows of length 0 are padding and stay so. Returns each row's position (0
+        for padding): a sequence's next token sits at its current length."""
+        seq_lens = self.seq_lens.tensor[:num_seqs]
+        valid = seq_lens > 0
+        positions = torch.where(valid, seq_lens, 0).long()
+        blocks = self.block_tables.tensor[:num_seqs].gather(1, (positions // self.block_size)[:, None])[:, 0]
+        slots = torch.where(valid, blocks * self.block_size + positions % self.block_size, -1)
+        self.slot_mapping.tensor[:num_seqs].copy_(slots)
+        seq_lens.add_(valid)
+        return positions
+
     def forward(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 metadata: AttentionMetadata, rotation: QKRotation | None = None) -> torch.Tensor:
         """rotation: q and k come unrotated, and are rotated as k and v are stored, in one op (with the

@@ -94,7 +94,6 @@ class RejectionSampler:
         device = logits.device
         counts = [len(d) for d in draft_token_ids]
         k, vocab = self.k, logits.shape[1]
-        starts = torch.tensor(list(itertools.accumulate((n + 1 for n in counts[:-1]), initial=0)), device=device)
         row_seqs = [seq for seq, n in zip(seqs, counts) for _ in range(n + 1)]
         offsets = [j for n in counts for j in range(n + 1)]
         meta = SamplingMetadata.from_seqs(row_seqs, device, offsets, [d[:j] for d in draft_token_ids
@@ -102,12 +101,17 @@ class RejectionSampler:
         want_logprobs = any(n is not None for n in meta.num_logprobs)
         raw = logits.log_softmax(dim=-1) if want_logprobs else None
         logits = restrict(logits, meta)
-        num = torch.tensor(counts, device=device)
+        # An all-greedy step decides on the host, from the target's argmax read back in one copy: a
+        # few dozen numbers, where the device would take a dozen launches of a few microseconds each
+        # (on a GPU, that made a verification step cost two plain steps with a small model).
+        work = torch.device("cpu") if meta.all_greedy else device
+        starts = torch.tensor(list(itertools.accumulate((n + 1 for n in counts[:-1]), initial=0)), device=work)
+        num = torch.tensor(counts, device=work)
         # Row of each (sequence, position); positions past a sequence's drafts repeat its last row.
-        index = starts[:, None] + torch.minimum(torch.arange(k + 1, device=device)[None], num[:, None])
+        index = starts[:, None] + torch.minimum(torch.arange(k + 1, device=work)[None], num[:, None])
         drafts = torch.tensor([d + [PAD] * (k - len(d)) for d in draft_token_ids], dtype=torch.long,
-                              device=device).reshape(len(seqs), k)
-        tokens = self.greedy_accept(logits.argmax(dim=-1)[index], drafts, num)
+                              device=work).reshape(len(seqs), k)
+        tokens = self.greedy_accept(logits.argmax(dim=-1).to(work)[index], drafts, num)
         if not meta.all_greedy:
             generators = [s.generator for s in seqs]
             sampled = self.stochastic_accept(

@@ -71,13 +71,19 @@ def test_greedy_output_is_the_plain_engines(method, k, prompts, plain):
     assert generate(llm, prompts) == plain
 
 
-def test_the_target_as_its_own_draft_has_every_draft_accepted(prompts):
+# As built (unpadded on a CPU, CUDA graphs on a GPU), and padded as the graphs pad, run eagerly.
+@pytest.mark.parametrize("padded", [False, True], ids=["as-built", "padded"])
+def test_the_target_as_its_own_draft_has_every_draft_accepted(prompts, padded):
     """Each draft step after the first feeds the token the step before drafted, which never leaves
     the device: with the target as its own draft, greedy, every draft is the target's own next token.
     Requests end at different lengths, so near its end a request drafts fewer tokens than the others
-    of its step (the device's tokens then follow only the requests still drafting)."""
+    of its step (the device's tokens then follow only the requests still drafting). Padded as CUDA
+    graphs pad, a later step of the same sequences moves their positions, lengths and slots on on
+    the device: a wrong position, length or slot there makes drafts the target rejects."""
     params = [SamplingParams(temperature=0, max_tokens=5 + i, ignore_eos=True) for i in range(8)]
     llm = LLM("tiny", speculative_config=spec({"model": "tiny"}, 4), **ENGINE)
+    if padded:
+        llm.llm_engine.model_runner.capture_cuda_graphs(capture=False)
     plain_tokens = [o.outputs[0].token_ids for o in LLM("tiny", **ENGINE).generate(prompts[:8], params,
                                                                                      use_tqdm=False)]
     assert generate(llm, prompts[:8], params) == plain_tokens
