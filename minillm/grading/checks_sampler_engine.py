@@ -48,7 +48,8 @@ class LearnerSampler(Sampler):
 
         tokens = []
         for row, generator in enumerate(meta.generators):
-            settings = Settings(column(meta.temperature, row, 1.0), int(column(meta.top_k, row, 0)),
+            # No temperatures at all: every row is greedy.
+            settings = Settings(column(meta.temperature, row, 0.0), int(column(meta.top_k, row, 0)),
                                 column(meta.top_p, row, 1.0), column(meta.min_p, row, 0.0))
             row_logits = logits[row:row + 1]
             case = f"a call from the engine: one row of logits {list(row_logits.shape)}, {settings}"

@@ -52,7 +52,10 @@ class SamplerOutput:
 
 @dataclass
 class SamplingMetadata:
-    temperature: torch.Tensor  # [B]
+    # None when every row is greedy: nothing reads them then, and a greedy step copies nothing to the
+    # device (a copy from pageable memory may wait for the device's queued work, which would stall
+    # the draft model's steps queued back to back).
+    temperature: torch.Tensor | None  # [B]
     top_k: torch.Tensor | None  # [B], 0 = off; None when no row uses it
     top_p: torch.Tensor | None  # [B]
     min_p: torch.Tensor | None  # [B]
@@ -76,9 +79,11 @@ class SamplingMetadata:
                                           [s.output_token_ids + d for s, d in zip(seqs, drafts)],
                                           device) if any(p.has_penalties for p in params) else None
 
+        all_greedy = all(p.greedy for p in params)
+
         def column(name: str, unused: float | None = None) -> torch.Tensor | None:
             values = [getattr(p, name) for p in params]
-            if unused is not None and all(v == unused for v in values):
+            if all_greedy or unused is not None and all(v == unused for v in values):
                 return None
             # Queued behind the step's work, not waited for: the host waits only to read the tokens.
             return torch.tensor(values, dtype=_COLUMN_DTYPES[name]).to(device, non_blocking=True)
@@ -91,7 +96,7 @@ class SamplingMetadata:
             generators=[s.generator for s in seqs],
             banned_token_ids=[s.banned_token_ids(o) for s, o in zip(seqs, offsets)],
             num_logprobs=[p.logprobs for p in params],
-            all_greedy=all(p.greedy for p in params),
+            all_greedy=all_greedy,
             penalties=penalties,
         )
 

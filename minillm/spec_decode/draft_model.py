@@ -34,6 +34,7 @@ from minillm.engine.input_buffers import InputBuffers
 from minillm.engine.model_input import ModelInput, build_model_input, execute_model_input
 from minillm.models.interface import CausalLM
 from minillm.sample.sampler import SamplingMetadata, ban_tokens, per_row_random, sampling_probs
+from minillm.sampling_params import GREEDY_EPS
 from minillm.sequence import Sequence
 from minillm.spec_decode.proposal import Proposal
 
@@ -136,5 +137,5 @@ class DraftModelProposer:
             return logits.argmax(dim=-1), None
         q = sampling_probs(logits, meta)
         noise = per_row_random(q.shape, meta.generators, self.generator, torch.Tensor.exponential_)
-        greedy = torch.tensor([s.params.greedy for s in seqs], device=logits.device)
+        greedy = meta.temperature < GREEDY_EPS
         return torch.where(greedy, logits.argmax(dim=-1), (q / noise).argmax(dim=-1)), q
