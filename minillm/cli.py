@@ -10,7 +10,7 @@ from pathlib import Path
 from minillm.bench.cli import add_bench_commands
 from minillm.entrypoints.cli_args import add_serve_args
 from minillm.quant import QUANTIZATION_METHODS
-from minillm.utils.arg_types import int_in
+from minillm.utils.arg_types import int_in, json_object
 from minillm.version import __version__
 
 
@@ -34,11 +34,7 @@ def speculative_config(args) -> dict | None:
     """vLLM's flags: --speculative-config JSON, or its parts, --speculative-model / --speculative-method
     with --num-speculative-tokens (the engine says what is missing or wrong)."""
     if args.speculative_config is not None:
-        try:
-            return json.loads(args.speculative_config)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"--speculative-config must be JSON, e.g. '{{\"method\": \"ngram\", "
-                             f"\"num_speculative_tokens\": 4}}' ({e})") from None
+        return args.speculative_config
     parts = (("model", args.speculative_model), ("method", args.speculative_method),
              ("num_speculative_tokens", args.num_speculative_tokens))
     config = {key: value for key, value in parts if value is not None}
@@ -49,7 +45,8 @@ def speculative_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--speculative-model", default=None, help="a draft model, e.g. tiny-draft")
     p.add_argument("--speculative-method", default=None, help="ngram (prompt lookup) or draft_model")
     p.add_argument("--num-speculative-tokens", type=int, default=None, help="k, draft tokens per step")
-    p.add_argument("--speculative-config", default=None, help="all of it as JSON, as vLLM takes it")
+    p.add_argument("--speculative-config", type=json_object, default=None,
+                   help="all of it as JSON, as vLLM takes it")
 
 
 def _serve(args) -> None:

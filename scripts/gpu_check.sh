@@ -11,7 +11,8 @@
 #   GPU_CHECK_STEPS="tests notebooks" scripts/gpu_check.sh OUTDIR   # a subset; tier1, tier2, tier3 name tiers
 #
 # A device call runs 10 minutes at most, so a loan is best spent on two: GPU_CHECK_STEPS="tier1 tier3"
-# (6 min 24 s on an H100, 2026-11-27), then, while the machine is warm, GPU_CHECK_STEPS=tier2 (3 min 49 s).
+# (6 min 24 s on an H100, 5 min 53 s on an H200, 2026-11-27), then, while the machine is warm,
+# GPU_CHECK_STEPS=tier2 (3 min 49 s; 2 min 26 s).
 #
 # Runs from a checkout with no install (the repo goes on PYTHONPATH), offline, on a machine with torch,
 # triton, transformers, safetensors, tokenizers and pytest. The notebooks and serving steps need the
@@ -35,7 +36,7 @@ SITE=/tmp/minillm-gpu-check-site
 SUMMARY="$OUTDIR/summary.md"
 # Tier 1, the targets of the open GPU work, timed alone; tier 2, correctness, its two steps side by
 # side; tier 3, serving.
-TIER1="env kernels attention decode spec throughput quant host host-pageable"
+TIER1="env kernels attention decode spec throughput quant host host-pageable host-spec"
 TIER2="tests notebooks"
 TIER3="serve"
 STEPS=${GPU_CHECK_STEPS:-$TIER1 $TIER2 $TIER3}
@@ -176,6 +177,11 @@ step 1 host 30 $PY -m minillm.cli bench step --model "$REPO/minillm/assets/tiny"
 # pinned host arrays buy, or cost, in the prepare phase.
 step 1 host-pageable 12 env MINILLM_PINNED_STAGING=0 $PY -m minillm.cli bench step \
     --model "$REPO/minillm/assets/tiny" --device cuda --batch-sizes 1 16 --steps 30 --out "$OUTDIR/step-pageable.json"
+# The same phases of a speculative step of the course's pair (propose, prepare, execute, verify): where
+# c and v of step spec go on the host.
+step 1 host-spec 12 $PY -m minillm.cli bench step --model "$REPO/minillm/assets/tiny" --device cuda \
+    --batch-sizes 1 4 --steps 30 --speculative-config '{"model": "tiny-draft", "num_speculative_tokens": 4}' \
+    --out "$OUTDIR/step-spec.json"
 
 # pytest-xdist, where it is installed, runs the GPU tests in parallel on the one GPU.
 XDIST=$($PY -c "import xdist" 2>/dev/null && echo "-n 6")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from minillm.bench.shapes import SHAPES
 from minillm.quant import INT4_GROUP_SIZES
-from minillm.utils.arg_types import int_in, parsed_by
+from minillm.utils.arg_types import int_in, json_object, parsed_by
 
 
 def _parse_tiling(text: str) -> tuple[int, int, int]:
@@ -150,7 +150,8 @@ def _bench_step(args) -> None:
     from minillm.bench.report import format_table, write_json
     from minillm.bench.step import CAPTION, COLUMNS, bench_step
 
-    rows, summary = bench_step(args.model, args.batch_sizes, args.steps, args.device, args.dtype, args.baseline)
+    rows, summary = bench_step(args.model, args.batch_sizes, args.steps, args.device, args.dtype, args.baseline,
+                               args.speculative_config)
     print(CAPTION)
     print(format_table(rows, COLUMNS))
     print(json.dumps(summary))
@@ -270,6 +271,9 @@ def add_bench_commands(sub: argparse._SubParsersAction, model_args: Callable[[ar
     step.add_argument("--baseline", metavar="REV", default=None,
                       help="also measure this git revision's engine (a temporary worktree), or that of a folder "
                            "holding a revision's exported tree, and compare")
+    step.add_argument("--speculative-config", type=json_object, default=None, metavar="JSON",
+                      help='every step speculates, e.g. \'{"model": "tiny-draft", "num_speculative_tokens": 4}\': '
+                           "its phases are then propose, prepare, execute and verify")
     _add_serve(bench_command("serve", "an OpenAI-compatible server under load over HTTP, streaming: TTFT, TPOT, "
                              "ITL, throughput and goodput at each request rate", _bench_serve))
 

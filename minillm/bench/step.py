@@ -8,6 +8,12 @@ the measurement: `Scheduler.schedule`, `ModelRunner.prepare`, `execute` and `sam
 single `ModelRunner.run` for prepare, execute and sample, and updates inside `step()`: it is timed
 as "runner" and its update falls in "other".
 
+With `--speculative-config` every step is a speculative one, and its runner phases are the
+proposer's `propose` (the k draft steps, or the n-gram lookup), the target's prepare and execute,
+and `verify`, the rejection sampler in place of the sampler: what c and v of `bench spec` are made
+of, on the host. Its requests draft from random prompts, so the tokens per step are whatever the
+draft's acceptance gives.
+
 The times are the CPU's: nothing synchronizes inside a step. On a GPU, execute only queues
 kernels and sample waits for them when it reads the tokens back, so the device's time shows up in
 sample.
@@ -41,18 +47,21 @@ from minillm import LLM, SamplingParams
 PROMPT_LEN = 32
 WARMUP_STEPS = 5
 # Phase -> (the engine's attribute, its method). What an engine lacks is not timed on its own.
-PHASES = {"schedule": ("scheduler", "schedule"), "prepare": ("model_runner", "prepare"),
-          "execute": ("model_runner", "execute"), "sample": ("model_runner", "sample"),
+PHASES = {"schedule": ("scheduler", "schedule"), "propose": ("model_runner.proposer", "propose"),
+          "prepare": ("model_runner", "prepare"), "execute": ("model_runner", "execute"),
+          "sample": ("model_runner", "sample"), "verify": ("model_runner", "rejection_sampler"),
           "update": ("scheduler", "update")}
-RUNNER_PHASES = ("prepare", "execute", "sample")
+RUNNER_PHASES = ("propose", "prepare", "execute", "sample", "verify")
 CURRENT = "working tree"
-COLUMNS = [("version", "version"), ("batch", "batch"), ("schedule_us", "schedule"), ("prepare_us", "prepare"),
-           ("execute_us", "execute"), ("sample_us", "sample"), ("runner_us", "runner (p+e+s)"),
-           ("update_us", "update"), ("other_us", "other"), ("total_us", "total"), ("median_us", "median"),
-           ("p90_us", "p90"), ("tokens_per_s", "tokens/s"), ("vs_before", "x before")]
-CAPTION = ("host µs per decode step: the phases' means (they add up to the mean total), the total's median and "
-           "90th percentile, and the median over the baseline's (x before); blank: no such method in that version's "
-           "engine (an engine without Scheduler.update counts the update in other)")
+COLUMNS = [("version", "version"), ("batch", "batch"), ("schedule_us", "schedule"), ("propose_us", "propose"),
+           ("prepare_us", "prepare"), ("execute_us", "execute"), ("sample_us", "sample"), ("verify_us", "verify"),
+           ("runner_us", "runner"), ("update_us", "update"), ("other_us", "other"), ("total_us", "total"),
+           ("median_us", "median"), ("p90_us", "p90"), ("tokens_per_step", "tokens/step"),
+           ("tokens_per_s", "tokens/s"), ("vs_before", "x before")]
+CAPTION = ("host µs per decode step: the phases' means (they add up to the mean total; runner: the model runner's "
+           "phases together), the total's median and 90th percentile, tokens per step and per second at the median, "
+           "and the median over the baseline's (x before); blank: no such method in that version's engine (an engine "
+           "without Scheduler.update counts the update in other), or no speculation (propose, verify)")
 
 
 class PhaseClock:
@@ -87,9 +96,17 @@ class PhaseClock:
 
 
 def phase_methods(engine) -> dict[str, tuple[object, str]]:
-    """Phase -> (object, method name) of what this engine's step calls."""
-    found = {phase: (getattr(engine, owner), name) for phase, (owner, name) in PHASES.items()
-             if hasattr(getattr(engine, owner), name)}
+    """Phase -> (object, attribute) of what this engine's step calls: a speculative engine's steps
+    verify rather than sample; an engine without speculation has no proposer or rejection sampler."""
+    found = {}
+    for phase, (path, name) in PHASES.items():
+        owner = engine
+        for attribute in path.split("."):
+            owner = getattr(owner, attribute, None)
+        if getattr(owner, name, None) is not None:
+            found[phase] = (owner, name)
+    if "verify" in found:
+        del found["sample"]
     if not any(phase in found for phase in RUNNER_PHASES) and hasattr(engine.model_runner, "run"):
         found["runner"] = (engine.model_runner, "run")
     if "schedule" not in found or not {"runner", *RUNNER_PHASES} & found.keys():
@@ -115,39 +132,47 @@ def _synchronize() -> None:
         torch.mps.synchronize()
 
 
-def _decode_steps(llm: LLM, batch: int, steps: int, bar: tqdm, warmup: int = WARMUP_STEPS) -> list[dict[str, float]]:
-    """Per timed step of `batch` decoding requests, after `warmup` untimed ones: seconds per phase, and the
-    step's ("total")."""
+def _decode_steps(llm: LLM, batch: int, steps: int, bar: tqdm, warmup: int = WARMUP_STEPS,
+                  max_step_tokens: int = 1) -> list[dict[str, float]]:
+    """Per timed step of `batch` decoding requests, after `warmup` untimed ones: seconds per phase, the
+    step's ("total") and the tokens it made; max_step_tokens: the most a request makes in a step (k + 1
+    where it speculates k)."""
     engine = llm.llm_engine
     rng = random.Random(batch)
-    # Prefill takes `batch` steps at most, each of which may give the requests admitted so far a
-    # token; the last timed step must not finish them either.
-    params = SamplingParams(temperature=0, max_tokens=batch + warmup + steps + 1, ignore_eos=True)
+    # Prefill takes `batch` steps at most, each of which may give the requests admitted so far tokens;
+    # the last timed step must not finish them either.
+    params = SamplingParams(temperature=0, max_tokens=(batch + warmup + steps + 1) * max_step_tokens, ignore_eos=True)
     ids = [f"step-{batch}-{i}" for i in range(batch)]
     for request_id in ids:
         # Ids below 256 exist in every vocabulary; the shapes are what matter.
         engine.add_request(request_id, {"prompt_token_ids": [rng.randrange(1, 256) for _ in range(PROMPT_LEN)]},
                            params)
-    decoding: set[str] = set()
+    emitted = {request_id: 0 for request_id in ids}  # each request's tokens so far
+
+    def count(outputs: list) -> None:
+        emitted.update((out.request_id, len(out.outputs[0].token_ids)) for out in outputs)
+
     for _ in range(batch * PROMPT_LEN):  # a step prefills one token at least
-        decoding.update(out.request_id for out in engine.step() if out.outputs[0].token_ids)
-        if len(decoding) == batch:
+        count(engine.step())
+        if all(emitted.values()):
             break
     else:
-        raise RuntimeError(f"{batch - len(decoding)} of {batch} requests never produced a token")
+        raise RuntimeError(f"{list(emitted.values()).count(0)} of {batch} requests never produced a token")
     for _ in range(warmup):
-        engine.step()
+        count(engine.step())
     clock = PhaseClock()
     per_step = []
     _synchronize()
     with timed_phases(engine, clock) as phases:
         for _ in range(steps):
+            before = sum(emitted.values())
             start = perf_counter()
             outputs = engine.step()
             total = perf_counter() - start
-            per_step.append({**clock.lap(phases), "total": total})
+            count(outputs)
             if len(outputs) != batch or any(out.finished for out in outputs):
                 raise RuntimeError(f"a timed step was not a decode step of {batch} requests")
+            per_step.append({**clock.lap(phases), "total": total, "tokens": sum(emitted.values()) - before})
             bar.update()
     _synchronize()
     for request_id in ids:
@@ -159,18 +184,20 @@ def _decode_steps(llm: LLM, batch: int, steps: int, bar: tqdm, warmup: int = WAR
 
 
 def _summarize(batch: int, per_step: list[dict[str, float]]) -> dict:
-    phases = [phase for phase in per_step[0] if phase != "total"]
+    phases = [phase for phase in per_step[0] if phase not in ("total", "tokens")]
     row: dict = {"batch": batch, "steps": len(per_step), "phases": phases}
     for phase in phases:
         row[f"{phase}_us"] = statistics.fmean(step[phase] for step in per_step) * 1e6
     if "runner" not in phases:
-        row["runner_us"] = sum(row[f"{phase}_us"] for phase in RUNNER_PHASES)
+        row["runner_us"] = sum(row[f"{phase}_us"] for phase in RUNNER_PHASES if phase in phases)
     totals = [step["total"] * 1e6 for step in per_step]
     row["total_us"] = statistics.fmean(totals)
     row["other_us"] = row["total_us"] - sum(row[f"{phase}_us"] for phase in phases)
     row["median_us"] = statistics.median(totals)
     row["p90_us"] = statistics.quantiles(totals, n=10)[-1]
-    row["tokens_per_s"] = batch / row["median_us"] * 1e6
+    # An engine before the token count is known to make one token per request and step.
+    row["tokens_per_step"] = statistics.fmean(step.get("tokens", batch) for step in per_step)
+    row["tokens_per_s"] = row["tokens_per_step"] / row["median_us"] * 1e6
     return row
 
 
@@ -178,19 +205,24 @@ def host_phases(llm: LLM, batch: int = 1, steps: int = 3, warmup: int = WARMUP_S
     """The phases of `steps` decode steps of `batch` requests on this engine, after `warmup` untimed ones
     (fewer will do where its kernels ran already), as a row of `minillm bench step`: `{phase}_us` for each
     of `phases`, "other" and "total". The engine must hold no request."""
+    spec = llm.llm_engine.config.speculative
     with tqdm(total=steps, disable=True) as bar:
-        return _summarize(batch, _decode_steps(llm, batch, steps, bar, warmup))
+        return _summarize(batch, _decode_steps(llm, batch, steps, bar, warmup,
+                                               1 + (spec.num_speculative_tokens if spec else 0)))
 
 
-def measure(model: str, batch_sizes: list[int], steps: int, device: str | None, dtype: str) -> dict:
+def measure(model: str, batch_sizes: list[int], steps: int, device: str | None, dtype: str,
+            speculative_config: dict | None = None) -> dict:
     """The phases of `steps` decode steps at each batch size, on the `minillm` this imported."""
     # Requests never finish within a measurement, and their token ids need no tokenizer.
+    k = speculative_config.get("num_speculative_tokens", 0) if speculative_config else 0
+    spec = {"speculative_config": speculative_config} if speculative_config else {}
     llm = LLM(model, device=device, dtype=dtype, skip_tokenizer_init=True, max_num_seqs=max(batch_sizes),
-              max_model_len=PROMPT_LEN + max(batch_sizes) + WARMUP_STEPS + steps + 1)
+              max_model_len=PROMPT_LEN + (max(batch_sizes) + WARMUP_STEPS + steps + 2) * (1 + k), **spec)
     rows = []
     with tqdm(total=len(batch_sizes) * steps, desc="bench step", leave=False) as bar:
         for batch in batch_sizes:
-            rows.append(_summarize(batch, _decode_steps(llm, batch, steps, bar)))
+            rows.append(_summarize(batch, _decode_steps(llm, batch, steps, bar, max_step_tokens=1 + k)))
     return {"minillm": minillm.__file__, "rows": rows}
 
 
@@ -207,11 +239,14 @@ def side_by_side(results: dict[str, dict]) -> list[dict]:
 
 
 def bench_step(model: str, batch_sizes: list[int], steps: int, device: str | None = None, dtype: str = "auto",
-               baseline: str | None = None) -> tuple[list[dict], dict]:
-    """The phases on this tree's engine and, with `baseline` (a git revision), on that revision's first."""
+               baseline: str | None = None, speculative_config: dict | None = None) -> tuple[list[dict], dict]:
+    """The phases on this tree's engine and, with `baseline` (a git revision), on that revision's first;
+    speculative_config: every step speculates, as `LLM(speculative_config=...)`."""
     if steps < 2:
         raise ValueError(f"--steps must be at least 2 (for a 90th percentile), got {steps}")
     config = {"model": model, "batch_sizes": batch_sizes, "steps": steps, "device": device, "dtype": dtype}
+    if speculative_config:  # only then: an older revision's measure() may not take it
+        config["speculative_config"] = speculative_config
     results = {}
     if baseline is not None:
         # Imported here: the worker runs this file against a revision that may not have it.

@@ -4,6 +4,7 @@ a second, before any model is loaded (loading one takes from seconds to minutes)
 from __future__ import annotations
 
 import argparse
+import json
 from collections.abc import Callable
 
 from minillm.utils.validation import check_int
@@ -33,3 +34,17 @@ def int_in(low: int, high: int | None = None) -> Callable[[str], int]:
         return value
 
     return parsed_by(parse)
+
+
+def _json_object(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"must be JSON, e.g. '{{\"method\": \"ngram\", \"num_speculative_tokens\": 4}}' "
+                         f"({e})") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"must be a JSON object, got {text!r}")
+    return value
+
+
+json_object = parsed_by(_json_object)  # a JSON object, as vLLM's --speculative-config takes one

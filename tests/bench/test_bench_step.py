@@ -17,7 +17,8 @@ from minillm.bench.step import PhaseClock, bench_step, timed_phases
 
 REPO = Path(__file__).resolve().parents[2]
 LAYOUTS = ({"schedule", "prepare", "execute", "sample", "update"},  # the engine with a split runner
-           {"schedule", "runner"})  # before: ModelRunner.run for prepare, execute and sample; update in step()
+           {"schedule", "runner"},  # before: ModelRunner.run for prepare, execute and sample; update in step()
+           {"schedule", "propose", "prepare", "execute", "verify", "update"})  # speculating
 
 
 def check_phases(row: dict) -> None:
@@ -32,7 +33,19 @@ def test_every_phase_of_a_decode_step_is_timed():
     assert [(row["version"], row["batch"]) for row in rows] == [("working tree", 1), ("working tree", 4)]
     for row in rows:
         check_phases(row)
+        assert row["tokens_per_step"] == row["batch"]  # a token per request and step
     assert summary["vs_before"] == {}
+
+
+@pytest.mark.parametrize("config", [{"model": "tiny-draft", "num_speculative_tokens": 3},
+                                    {"method": "ngram", "num_speculative_tokens": 3}], ids=["draft", "ngram"])
+def test_a_speculative_step_is_timed_by_its_own_phases(config):
+    """Drafting and verifying in place of sampling; its tokens per step counted, up to k + 1 a request."""
+    rows, _ = bench_step("tiny", [1, 2], steps=4, device="cpu", speculative_config=config)
+    for row in rows:
+        assert row["phases"] == ["schedule", "propose", "prepare", "execute", "verify", "update"]
+        check_phases(row)
+        assert row["batch"] <= row["tokens_per_step"] <= row["batch"] * 4
 
 
 def test_a_phase_called_inside_another_counts_once(monkeypatch):

@@ -15,7 +15,8 @@ from minillm.bench.shapes import SHAPES
 from minillm.bench.targets import TARGETS, evaluate, format_targets, load_results
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
-TIERS = {"1": ("env", "kernels", "attention", "decode", "spec", "throughput", "quant", "host", "host-pageable"),
+TIERS = {"1": ("env", "kernels", "attention", "decode", "spec", "throughput", "quant", "host", "host-pageable",
+          "host-spec"),
          "2": ("tests", "notebooks"), "3": ("serve",)}
 
 
