@@ -18,3 +18,5 @@ class InputBuffers:
         self.input_ids = CpuGpuBuffer(max_num_tokens, dtype=torch.long, device=device)
         self.positions = CpuGpuBuffer(max_num_tokens, dtype=torch.long, device=device)
         self.logits_indices = CpuGpuBuffer(max_num_tokens, dtype=torch.long, device=device)
+        # The input rows of drafts that a draft model left on the device, to copy them into input_ids.
+        self.draft_rows = CpuGpuBuffer(max_num_tokens, dtype=torch.long, device=device)

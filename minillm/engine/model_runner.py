@@ -27,10 +27,11 @@ from minillm.engine.runner_output import ModelRunnerOutput
 from minillm.engine.scheduler import ScheduledBatch
 from minillm.kv.cache_manager import KVCacheManager
 from minillm.models.interface import CausalLM
+from minillm.sample.proposal import Proposal
 from minillm.sample.rejection_sampler import RejectionSampler
 from minillm.sample.sampler import Sampler, SamplerOutput, SamplingMetadata, score_tokens
 from minillm.sequence import Sequence
-from minillm.spec_decode.proposal import Proposer
+from minillm.spec_decode.proposer import Proposer
 
 
 class ModelRunner:
@@ -80,20 +81,24 @@ class ModelRunner:
             model_input = self.prepare(batch)
             return self.sample(self.execute(model_input), batch.seqs, model_input)
         proposal = self.proposer.propose(batch.seqs, batch.num_spec_tokens)
-        spec = proposal.token_ids
-        logits = self.execute(self.prepare(batch, spec))
+        logits = self.execute(self.prepare(batch, proposal))
         rows = [i for i, sample in enumerate(batch.do_sample) if sample]  # prompt chunks have no logits
-        emitted, sampled = self.rejection_sampler(logits, [batch.seqs[i] for i in rows], [spec[i] for i in rows],
-                                                  [proposal.probs[i] for i in rows])
+        verified = proposal.select(rows)
+        emitted, sampled = self.rejection_sampler(logits, [batch.seqs[i] for i in rows], verified)
         tokens: list[list[int]] = [[] for _ in batch.seqs]
-        for i, run in zip(rows, emitted):
-            tokens[i] = run
+        spec: list[list[int]] = [[] for _ in batch.seqs]
+        for i, run, drafts in zip(rows, emitted, verified.token_ids):
+            tokens[i], spec[i] = run, drafts
         return ModelRunnerOutput(tokens, sampled, spec)
 
-    def prepare(self, batch: ScheduledBatch, spec_token_ids: list[list[int]] | None = None) -> ModelInput:
-        """The batch's inputs; with spec_token_ids, each sequence's drafts follow its last token (fewer
-        than the slots reserved where the proposer found fewer) and each gets logits."""
-        spec = spec_token_ids or [[] for _ in batch.seqs]
+    def prepare(self, batch: ScheduledBatch, proposal: Proposal | None = None) -> ModelInput:
+        """The batch's inputs; with a proposal, each sequence's drafts follow its last token (fewer than
+        the slots reserved where the proposer found fewer) and each gets logits. Drafts still on the
+        device are copied into the input ids there, behind placeholders on the host."""
+        if proposal is None:
+            spec = [[] for _ in batch.seqs]
+        else:
+            spec = [[0] * n for n in proposal.num_tokens] if proposal.on_device else proposal.token_ids
         starts = [seq.num_computed_tokens for seq in batch.seqs]
         token_ids = [seq.token_ids[start:start + n - reserved] + drafts for seq, start, n, reserved, drafts
                      in zip(batch.seqs, starts, batch.num_new_tokens, batch.num_spec_tokens, spec)]
@@ -102,8 +107,13 @@ class ModelRunner:
         # And before those, at the prompt positions that score prompt_logprobs.
         scored = [seq.num_prompt_logprobs_due(start, n)
                   for seq, start, n in zip(batch.seqs, starts, batch.num_new_tokens)]
-        return build_model_input(batch.seqs, starts, token_ids, [k + p for k, p in zip(num_logits, scored)],
-                                 self.attn_backend, self.buffers, self.cuda_graphs, scored)
+        model_input = build_model_input(batch.seqs, starts, token_ids, [k + p for k, p in zip(num_logits, scored)],
+                                        self.attn_backend, self.buffers, self.cuda_graphs, scored)
+        if proposal is not None and proposal.on_device:
+            last_rows = [end - 1 for end in model_input.metadata.query_start_loc[1:]]
+            rows = self.buffers.draft_rows.stage(proposal.device_rows(last_rows))
+            model_input.input_ids.index_copy_(0, rows, proposal.device_token_ids)
+        return model_input
 
     def execute(self, model_input: ModelInput) -> torch.Tensor | None:
         """Logits [rows, vocab] at model_input.logits_indices; None if the step samples nothing."""

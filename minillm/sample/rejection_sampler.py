@@ -17,6 +17,7 @@ import itertools
 
 import torch
 
+from minillm.sample.proposal import Proposal
 from minillm.sample.sampler import (
     SamplerOutput,
     SamplingMetadata,
@@ -86,36 +87,43 @@ class RejectionSampler:
         # the same random numbers, and so the same tokens, alone and in any batch.
         self.k = num_speculative_tokens
 
-    def __call__(self, logits: torch.Tensor, seqs: list[Sequence], draft_token_ids: list[list[int]],
-                 draft_probs: list[torch.Tensor | None]) -> tuple[list[list[int]], SamplerOutput]:
-        """logits [rows, V]: each sequence's len(drafts) + 1 rows in batch order. draft_probs: each
-        sequence's q [len(drafts), V], or None where its drafts are one-hot (n-gram, greedy).
-        Returns the tokens each sequence emits and their rows' logprobs (the target's), in order."""
+    def __call__(self, logits: torch.Tensor, seqs: list[Sequence],
+                 proposal: Proposal) -> tuple[list[list[int]], SamplerOutput]:
+        """logits [rows, V]: each sequence's drafts + 1 rows in batch order; proposal: the drafts of
+        seqs (their q where they have one, else one-hot: n-gram, greedy). Returns the tokens each
+        sequence emits and their rows' logprobs (the target's), in order."""
         device = logits.device
-        counts = [len(d) for d in draft_token_ids]
+        counts = proposal.num_tokens
         k, vocab = self.k, logits.shape[1]
         row_seqs = [seq for seq, n in zip(seqs, counts) for _ in range(n + 1)]
         offsets = [j for n in counts for j in range(n + 1)]
-        meta = SamplingMetadata.from_seqs(row_seqs, device, offsets, [d[:j] for d in draft_token_ids
-                                                                      for j in range(len(d) + 1)])
+        # Penalties count the drafts before a position as output: only they need the drafts' values now.
+        before = [d[:j] for d in proposal.token_ids for j in range(len(d) + 1)] if any(
+            s.params.has_penalties for s in seqs) else None
+        meta = SamplingMetadata.from_seqs(row_seqs, device, offsets, before)
         want_logprobs = any(n is not None for n in meta.num_logprobs)
         raw = logits.log_softmax(dim=-1) if want_logprobs else None
         logits = restrict(logits, meta)
-        # An all-greedy step decides on the host, from the target's argmax read back in one copy: a
-        # few dozen numbers, where the device would take a dozen launches of a few microseconds each
-        # (on a GPU, that made a verification step cost two plain steps with a small model).
+        target = logits.argmax(dim=-1)
+        # An all-greedy step decides on the host, from the target's argmax read back in one copy with
+        # drafts still on the device: a few dozen numbers, where the device would take a dozen launches
+        # of a few microseconds each (on a GPU, that made a verification step cost two plain steps with
+        # a small model).
         work = torch.device("cpu") if meta.all_greedy else device
+        if meta.all_greedy:
+            target = proposal.read_with(target)
+        draft_token_ids = proposal.token_ids
         starts = torch.tensor(list(itertools.accumulate((n + 1 for n in counts[:-1]), initial=0)), device=work)
         num = torch.tensor(counts, device=work)
         # Row of each (sequence, position); positions past a sequence's drafts repeat its last row.
         index = starts[:, None] + torch.minimum(torch.arange(k + 1, device=work)[None], num[:, None])
         drafts = torch.tensor([d + [PAD] * (k - len(d)) for d in draft_token_ids], dtype=torch.long,
                               device=work).reshape(len(seqs), k)
-        tokens = self.greedy_accept(logits.argmax(dim=-1).to(work)[index], drafts, num)
+        tokens = self.greedy_accept(target[index], drafts, num)
         if not meta.all_greedy:
             generators = [s.generator for s in seqs]
             sampled = self.stochastic_accept(
-                sampling_probs(logits, meta)[index], self._draft_probs(draft_probs, drafts, k, vocab), drafts,
+                sampling_probs(logits, meta)[index], self._draft_probs(proposal.probs, drafts, k, vocab), drafts,
                 num, self._uniforms(generators, counts, k, device),
                 per_row_random((len(seqs), vocab), generators, self.generator, torch.Tensor.exponential_))
             greedy_rows = torch.tensor([s.params.greedy for s in seqs], device=device)

@@ -3,7 +3,8 @@ forward pass, and a rejection sampler keeps the longest prefix the target agrees
 token of the target's own. The output is the target's, exactly (greedy) or in distribution
 (sampling); only the number of target forward passes changes.
 
-- proposal.py: what a proposer returns; proposers.py: the one an engine's config asks for;
+- proposer.py: what the runner asks of a proposer, which returns a Proposal (minillm/sample/proposal.py,
+  where the rejection sampler reads it); proposers.py: the one an engine's config asks for;
 - ngram.py: prompt lookup, drafts copied from the sequence's own earlier tokens;
 - draft_model.py: a small model of the same vocabulary, batched, on its own paged KV pool;
 - acceptance.py: acceptance counted (drafts, tokens, accepted, per position), alpha and the formula;

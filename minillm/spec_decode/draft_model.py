@@ -6,7 +6,8 @@ lookahead slots the scheduler reserves and preemption serve the draft too. Propo
 k draft steps: the first catches the draft up on every token it has not seen (a whole prompt, or the
 one or two tokens the last verification added), each later one feeds the previous draft token. That
 token stays on the device, copied into the next step's input ids there: the host queues the k steps
-back to back and waits for the device once, to read all k drafts (k waits before).
+back to back and does not wait for them. The drafts stay on the device too, for the target to
+verify there (sample/proposal.py); the host reads them with the target's tokens (it waited k times before).
 
 Rollback is a number: the draft's K/V for rejected tokens stay in the pool, but the draft counts as
 having computed only the tokens the target kept, so they are overwritten before they are read.
@@ -33,10 +34,10 @@ from minillm.engine.cuda_graph import CudaGraphs, capture_graph
 from minillm.engine.input_buffers import InputBuffers
 from minillm.engine.model_input import ModelInput, build_model_input, execute_model_input
 from minillm.models.interface import CausalLM
+from minillm.sample.proposal import Proposal
 from minillm.sample.sampler import SamplingMetadata, ban_tokens, per_row_random, sampling_probs
 from minillm.sampling_params import GREEDY_EPS
 from minillm.sequence import Sequence
-from minillm.spec_decode.proposal import Proposal
 
 
 class DraftModelProposer:
@@ -104,13 +105,10 @@ class DraftModelProposer:
             for row, i in enumerate(active):
                 if q is not None and not seqs[i].params.greedy:
                     probs[i].append(q[row])
-        # The one time the host waits for the draft: its steps were queued back to back.
-        drafts: list[list[int]] = [[] for _ in seqs]
-        ids = iter(torch.cat([tokens for _, tokens in steps]).tolist() if steps else [])
-        for rows, _ in steps:
-            for i in rows:
-                drafts[i].append(next(ids))
-        return Proposal(drafts, [torch.stack(p) if p else None for p in probs])
+        # Left on the device: the host never waits for the draft (sample/proposal.py).
+        return Proposal(list(num_tokens), [torch.stack(p) if p else None for p in probs], None,
+                        torch.cat([tokens for _, tokens in steps]) if steps else self.buffers.input_ids.tensor[:0],
+                        [i for rows, _ in steps for i in rows])
 
     def _advanced_input(self, num_seqs: int) -> ModelInput:
         """The input of a uniform decode step of the num_seqs sequences the last padded step ran, each one

@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 
 from minillm.config.speculative import SpeculativeConfig
+from minillm.sample.proposal import Proposal
 from minillm.sequence import Sequence
-from minillm.spec_decode.proposal import Proposal
 
 
 class NgramProposer:
@@ -17,7 +17,7 @@ class NgramProposer:
 
     def propose(self, seqs: list[Sequence], num_tokens: list[int]) -> Proposal:
         drafts = [lookup(seq.token_ids, k, self.min_n, self.max_n) if k else [] for seq, k in zip(seqs, num_tokens)]
-        return Proposal(drafts, [None] * len(seqs))
+        return Proposal.from_lists(drafts, [None] * len(seqs))
 
 
 def lookup(token_ids: list[int], k: int, min_n: int, max_n: int) -> list[int]:

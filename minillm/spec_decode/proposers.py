@@ -16,7 +16,7 @@ from minillm.models.loader import load_model, load_tokenizer, resolve_model_path
 from minillm.models.registry import read_model_config
 from minillm.spec_decode.draft_model import DraftModelProposer
 from minillm.spec_decode.ngram import NgramProposer
-from minillm.spec_decode.proposal import Proposer
+from minillm.spec_decode.proposer import Proposer
 
 KEY = "speculative_config['model']"
 

@@ -92,6 +92,22 @@ def test_the_target_as_its_own_draft_has_every_draft_accepted(prompts, padded):
 
 
 @pytest.mark.parametrize("method", [DRAFT, NGRAM], ids=["draft", "ngram"])
+def test_penalized_greedy_requests_give_the_plain_engines_tokens(method):
+    """Penalties count a position's earlier drafts as output, so the rejection sampler reads the
+    drafts before it decides (unpenalized greedy rows read them with the target's tokens). Prompts of
+    one token repeated invite drafts that repeat a token, which a frequency penalty must then refuse
+    at the draft's second position: counted without the drafts, the output changes."""
+    prompts = [{"prompt_token_ids": [t] * 24} for t in (13, 262, 281, 290, 1000, 300)]
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, frequency_penalty=1.5)
+    plain_tokens = [o.outputs[0].token_ids for o in LLM("tiny", **ENGINE).generate(prompts, params, use_tqdm=False)]
+    llm = LLM("tiny", speculative_config=spec(method, 4), **ENGINE)
+    assert generate(llm, prompts, [params] * len(prompts)) == plain_tokens
+    m = metrics(llm)
+    # Prompt lookup drafts only repeats here, which the penalty refuses; the draft model gets some kept.
+    assert m["draft_tokens"] > 0 and (m["accepted_tokens"] > 0 or method is NGRAM)
+
+
+@pytest.mark.parametrize("method", [DRAFT, NGRAM], ids=["draft", "ngram"])
 def test_triton_backend(method, prompts, plain):
     pytest.importorskip("triton")
     llm = LLM("tiny", speculative_config=spec(method, 4), attention_backend="triton", **ENGINE)
