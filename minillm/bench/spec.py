@@ -7,7 +7,10 @@ accepts everything, so that run measures what the machinery itself costs). Each 
 - tokens per target call, measured (accepted drafts plus the target's token, per verification)
   and the formula (1 - alpha^(k+1)) / (1 - alpha) at the measured alpha (accepted / judged);
 - c, the proposer's cost per draft token, and v, the rest of a speculative step (the target's
-  verification, the rejection sampler), both in units of a plain decode step at that batch size;
+  verification, the rejection sampler), both in units of a plain decode step at that batch size,
+  by the wall clock around `propose`. On a GPU the draft model's steps are only queued there (the
+  host reads its drafts with the target's tokens): c is the host's part, and whatever of the
+  draft's GPU time the host did not overlap lands in v. Their sum, and so the prediction, holds;
 - the speedup the cost model predicts, formula / (c k + v), beside the measured one: plain
   seconds over speculative seconds for the same requests, by the wall clock. Where a decode
   verified nothing (prompt lookup without a match) it counts as one token, not the formula.
