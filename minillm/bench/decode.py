@@ -25,7 +25,15 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from minillm.bench.timing import copy_bandwidth, graph_time, matmul_flops, num_copies, read_bandwidth, wall_time
+from minillm.bench.timing import (
+    copy_bandwidth,
+    graph_time,
+    matmul_flops,
+    num_copies,
+    read_bandwidth,
+    replay_time,
+    wall_time,
+)
 from minillm.config.model import ModelConfig
 from minillm.kv.pool import kv_bytes_per_token
 from minillm.llm import LLM
@@ -36,7 +44,8 @@ if TYPE_CHECKING:
 
 DECODE_COLUMNS = [("mode", "mode"), ("batch", "batch"), ("step_ms", "step ms"), ("tokens_per_s", "tokens/s"),
                   ("GB_per_step", "GB moved"), ("GB_s", "GB/s"), ("of_copy_bw", "of copy bw"),
-                  ("TFLOP_s", "TFLOP/s"), ("intensity", "flop/byte"), ("bound", "bound by")]
+                  ("TFLOP_s", "TFLOP/s"), ("intensity", "flop/byte"), ("bound", "bound by"),
+                  ("replay_ms", "replay ms"), ("replay_of_copy_bw", "replay of copy bw")]
 # The mixed step: one prompt prefilled beside many decodes, as continuous batching admits requests.
 MIXED_CHUNK, MIXED_DECODES = 512, 63
 MODES = ("eager", "graphs")
@@ -146,10 +155,20 @@ def _timed_step(engine: LLMEngine) -> float:
     return time.perf_counter() - start
 
 
-def _decode_step_seconds(llm: LLM, batch: int, context: int, steps: int) -> list[float]:
-    """Seconds of each of `steps` pure decode steps of `batch` sequences whose contexts reach about `context`."""
+def _decode_step_seconds(llm: LLM, batch: int, context: int, steps: int) -> tuple[list[float], float | None]:
+    """Seconds of each of `steps` pure decode steps of `batch` sequences whose contexts reach about `context`;
+    and the GPU seconds of the last one's graph replayed alone (None without one)."""
     with decoding(llm, batch, context, steps) as engine:
-        return [_timed_step(engine) for _ in range(steps)]
+        return [_timed_step(engine) for _ in range(steps)], _replay_seconds(engine, batch)
+
+
+def _replay_seconds(engine: LLMEngine, batch: int) -> float | None:
+    """The decode graph of `batch` sequences replayed on the inputs its last step left in the buffers
+    (it stores the same K/V again and attends as that step did): the GPU's part of a step, without
+    the host's work around it, which a whole step waits for."""
+    graphs = engine.model_runner.cuda_graphs
+    graph = graphs.graphs.get(graphs.descriptor([1] * batch, [1] * batch)) if graphs is not None else None
+    return None if graph is None else replay_time(graph)
 
 
 def _prefill_seconds(llm: LLM, tokens: int) -> float:
@@ -222,13 +241,16 @@ def bench_decode(model: str, batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64,
             peak = matmul_flops(dev, torch_dtype, 8192 if dev.type == "cuda" else 1024)
             ridge = peak / copy_bw
         for batch in batches:
-            runs = _decode_step_seconds(llm, batch, context, steps)
+            runs, replay = _decode_step_seconds(llm, batch, context, steps)
             seconds = sorted(runs)[len(runs) // 2]
             moved = read_bytes + batch * (context + steps // 2) * kv_token
             flops = batch * step_flops(config, 1, context + steps // 2)
-            decode_rows.append(_roofline({"mode": mode, "batch": batch, "step_ms": seconds * 1e3,
-                                          "step_ms_runs": [t * 1e3 for t in runs],  # for a spread: bench/verdict.py
-                                          "tokens_per_s": batch / seconds}, moved, flops, seconds, ridge, copy_bw))
+            row = _roofline({"mode": mode, "batch": batch, "step_ms": seconds * 1e3,
+                             "step_ms_runs": [t * 1e3 for t in runs],  # for a spread: bench/verdict.py
+                             "tokens_per_s": batch / seconds}, moved, flops, seconds, ridge, copy_bw)
+            if replay is not None:
+                row.update(replay_ms=replay * 1e3, replay_of_copy_bw=moved / replay / copy_bw)
+            decode_rows.append(row)
         if dev.type == "cuda" and max(batches) > MIXED_DECODES:  # what graphs change: a GPU's figure
             mixed_ms[mode] = _mixed_step_seconds(llm, MIXED_DECODES, MIXED_CHUNK, context) * 1e3
         del llm, engine, graphs
@@ -268,6 +290,10 @@ def bench_decode(model: str, batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64,
                "batch1_of_copy_bw": at(best, 1, "of_copy_bw"),
                "batch1_of_read_bw": None if batch1_gb_s is None else batch1_gb_s * 1e9 / read_bw,
                "batch1_eager_of_copy_bw": at("eager", 1, "of_copy_bw"),
+               # The graph alone against the whole step: how much of a step is the host's work.
+               "batch1_replay_of_copy_bw": at("graphs", 1, "replay_of_copy_bw"),
+               "batch1_host_share": (1 - at("graphs", 1, "replay_ms") / graphs_ms
+                                     if graphs_ms and at("graphs", 1, "replay_ms") else None),
                "graphs_speedup_at_batch1": eager_ms / graphs_ms if eager_ms and graphs_ms else None,  # both modes run
                "first_compute_bound_batch": next((r["batch"] for r in decode_rows
                                                   if r["mode"] == best and r["bound"] == "compute"), None),

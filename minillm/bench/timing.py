@@ -28,6 +28,11 @@ def num_copies(nbytes: int) -> int:
 def graph_time(calls: list[Callable[[], object]], repeats: int = 10) -> float:
     """Median GPU seconds per call of `calls`, captured once in one CUDA graph and replayed."""
     graph, _ = capture_graph(lambda: [call() for call in calls])
+    return replay_time(graph, repeats) / len(calls)
+
+
+def replay_time(graph: torch.cuda.CUDAGraph, repeats: int = 10) -> float:
+    """Median GPU seconds of one replay of `graph`, after one untimed, each timed by CUDA events."""
     graph.replay()
     times = []
     for _ in range(repeats):
@@ -36,7 +41,7 @@ def graph_time(calls: list[Callable[[], object]], repeats: int = 10) -> float:
         graph.replay()
         end.record()
         torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) / 1e3 / len(calls))
+        times.append(start.elapsed_time(end) / 1e3)
     return sorted(times)[len(times) // 2]
 
 
