@@ -107,8 +107,10 @@ class PagedAttention:
         """The metadata of a uniform decode step of num_seqs padded rows that follows a padded step of
         the same sequences in the same rows (a draft model's next step), each sequence one token
         further: written on the device from the metadata already there, so that no host work (and a
-        CUDA graph) makes it. Rows of length 0 are padding and stay so. Returns each row's position (0
-        for padding): a sequence's next token sits at its current length."""
+        CUDA graph) makes it. Rows of length 0 are padding and stay so: the step before padded at least
+        as many sequence rows with length 0 (a ragged step has a row per token and one more, a decode
+        step of the same sequences the same rows). Returns each row's position (0 for padding): a
+        sequence's next token sits at its current length."""
         seq_lens = self.seq_lens.tensor[:num_seqs]
         valid = seq_lens > 0
         positions = torch.where(valid, seq_lens, 0).long()

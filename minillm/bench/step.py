@@ -59,7 +59,7 @@ COLUMNS = [("version", "version"), ("batch", "batch"), ("schedule_us", "schedule
            ("median_us", "median"), ("p90_us", "p90"), ("tokens_per_step", "tokens/step"),
            ("tokens_per_s", "tokens/s"), ("vs_before", "x before")]
 CAPTION = ("host µs per decode step: the phases' means (they add up to the mean total; runner: the model runner's "
-           "phases together), the total's median and 90th percentile, tokens per step and per second at the median, "
+           "phases together), the total's median and 90th percentile, tokens per step and per second (means), "
            "and the median over the baseline's (x before); blank: no such method in that version's engine (an engine "
            "without Scheduler.update counts the update in other), or no speculation (propose, verify)")
 
@@ -195,9 +195,8 @@ def _summarize(batch: int, per_step: list[dict[str, float]]) -> dict:
     row["other_us"] = row["total_us"] - sum(row[f"{phase}_us"] for phase in phases)
     row["median_us"] = statistics.median(totals)
     row["p90_us"] = statistics.quantiles(totals, n=10)[-1]
-    # An engine before the token count is known to make one token per request and step.
-    row["tokens_per_step"] = statistics.fmean(step.get("tokens", batch) for step in per_step)
-    row["tokens_per_s"] = row["tokens_per_step"] / row["median_us"] * 1e6
+    row["tokens_per_step"] = statistics.fmean(step["tokens"] for step in per_step)
+    row["tokens_per_s"] = row["tokens_per_step"] / row["total_us"] * 1e6  # the means' rate
     return row
 
 
@@ -245,7 +244,7 @@ def bench_step(model: str, batch_sizes: list[int], steps: int, device: str | Non
     if steps < 2:
         raise ValueError(f"--steps must be at least 2 (for a 90th percentile), got {steps}")
     config = {"model": model, "batch_sizes": batch_sizes, "steps": steps, "device": device, "dtype": dtype}
-    if speculative_config:  # only then: an older revision's measure() may not take it
+    if speculative_config:  # only then: an older revision's engine may not speculate
         config["speculative_config"] = speculative_config
     results = {}
     if baseline is not None:

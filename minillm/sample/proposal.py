@@ -2,10 +2,12 @@
 distributions they came from.
 
 A draft model's tokens are made on the device, and the host need not see them before the target
-verifies them: the runner copies them into the target's input there (`feed`), and the rejection
-sampler reads them back in the same copy as the target's own tokens (`read_with`). A speculative
-step then waits for the device once, where reading the drafts first made the host wait for the
-draft model before it could even prepare the target's step.
+verifies them: the runner copies them into the target's input there (`ModelRunner.prepare`, at
+`device_rows`), and the rejection sampler reads them back in the same copy as the target's own
+tokens (`read_with`). An all-greedy step without penalties then waits for the device once, where
+reading the drafts first made the host wait for the draft model before it could even prepare the
+target's step. (Penalties and sampling need the drafts' values before the target's tokens: those
+steps read them first, and wait twice.)
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ k draft steps: the first catches the draft up on every token it has not seen (a 
 one or two tokens the last verification added), each later one feeds the previous draft token. That
 token stays on the device, copied into the next step's input ids there: the host queues the k steps
 back to back and does not wait for them. The drafts stay on the device too, for the target to
-verify there (sample/proposal.py); the host reads them with the target's tokens (it waited k times before).
+verify there (sample/proposal.py); the host reads them with the target's tokens.
 
 Rollback is a number: the draft's K/V for rejected tokens stay in the pool, but the draft counts as
 having computed only the tokens the target kept, so they are overwritten before they are read.

@@ -79,16 +79,23 @@ def test_the_target_as_its_own_draft_has_every_draft_accepted(prompts, padded):
     Requests end at different lengths, so near its end a request drafts fewer tokens than the others
     of its step (the device's tokens then follow only the requests still drafting). Padded as CUDA
     graphs pad, a later step of the same sequences moves their positions, lengths and slots on on
-    the device: a wrong position, length or slot there makes drafts the target rejects."""
-    params = [SamplingParams(temperature=0, max_tokens=5 + i, ignore_eos=True) for i in range(8)]
+    the device, padding rows included (7 requests, then fewer, in graphs of 8, 4 and 2 rows): a wrong
+    position, length or slot there, or a padding row that stores K/V, makes drafts the target rejects."""
+    params = [SamplingParams(temperature=0, max_tokens=12 + 6 * i, ignore_eos=True) for i in range(7)]
     llm = LLM("tiny", speculative_config=spec({"model": "tiny"}, 4), **ENGINE)
+    padding_rows = []  # per step moved on on the device: its padding rows
     if padded:
         llm.llm_engine.model_runner.capture_cuda_graphs(capture=False)
-    plain_tokens = [o.outputs[0].token_ids for o in LLM("tiny", **ENGINE).generate(prompts[:8], params,
+        backend = llm.llm_engine.model_runner.proposer.attn_backend
+        advance = backend.advance_decode
+        backend.advance_decode = lambda n: padding_rows.append(int((backend.seq_lens.tensor[:n] == 0).sum())) or (
+            advance(n))
+    plain_tokens = [o.outputs[0].token_ids for o in LLM("tiny", **ENGINE).generate(prompts[:7], params,
                                                                                      use_tqdm=False)]
-    assert generate(llm, prompts[:8], params) == plain_tokens
+    assert generate(llm, prompts[:7], params) == plain_tokens
     m = metrics(llm)
     assert m["draft_tokens"] > 0 and m["accepted_tokens"] == m["draft_tokens"]
+    assert not padded or any(padding_rows), padding_rows
 
 
 @pytest.mark.parametrize("method", [DRAFT, NGRAM], ids=["draft", "ngram"])
