@@ -25,15 +25,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from minillm.bench.timing import (
-    copy_bandwidth,
-    graph_time,
-    matmul_flops,
-    num_copies,
-    read_bandwidth,
-    replay_time,
-    wall_time,
-)
+from minillm.bench import timing
+from minillm.bench.timing import copy_bandwidth, graph_time, matmul_flops, num_copies, read_bandwidth, wall_time
 from minillm.config.model import ModelConfig
 from minillm.kv.pool import kv_bytes_per_token
 from minillm.llm import LLM
@@ -168,7 +161,7 @@ def _replay_seconds(engine: LLMEngine, batch: int) -> float | None:
     the host's work around it, which a whole step waits for."""
     graphs = engine.model_runner.cuda_graphs
     graph = graphs.graphs.get(graphs.descriptor([1] * batch, [1] * batch)) if graphs is not None else None
-    return None if graph is None else replay_time(graph)
+    return None if graph is None else timing.replay_time(graph)
 
 
 def _prefill_seconds(llm: LLM, tokens: int) -> float:
