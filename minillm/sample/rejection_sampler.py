@@ -107,8 +107,8 @@ class RejectionSampler:
         target = logits.argmax(dim=-1)
         # An all-greedy step decides on the host, from the target's argmax read back in one copy with
         # drafts still on the device: a few dozen numbers, where the device would take a dozen launches
-        # of a few microseconds each (on a GPU, that made a verification step cost two plain steps with
-        # a small model).
+        # of a few microseconds each (on a GPU, part of why a small model's verification step cost two
+        # plain steps).
         work = torch.device("cpu") if meta.all_greedy else device
         if meta.all_greedy:
             target = proposal.read_with(target)

@@ -85,7 +85,8 @@ class SamplingMetadata:
             values = [getattr(p, name) for p in params]
             if all_greedy or unused is not None and all(v == unused for v in values):
                 return None
-            # Queued behind the step's work, not waited for: the host waits only to read the tokens.
+            # Queued behind the step's work (though from pageable memory the driver may wait for it:
+            # only steps that sample pay that), read back with the tokens.
             return torch.tensor(values, dtype=_COLUMN_DTYPES[name]).to(device, non_blocking=True)
 
         return cls(
