@@ -15,8 +15,8 @@ of, on the host. Its requests draft from random prompts, so the tokens per step 
 draft's acceptance gives.
 
 The times are the CPU's: nothing synchronizes inside a step. On a GPU, execute only queues
-kernels and sample waits for them when it reads the tokens back, so the device's time shows up in
-sample.
+kernels and sample (verify, when speculating) waits for them when it reads the tokens back, so the
+device's time shows up there: a draft model's too, since `propose` only queues its steps.
 
 With `--baseline REV` the same measurement runs on REV's engine in a subprocess, against a
 temporary git worktree of REV (or a folder holding REV's tree, exported where the git history is,
@@ -46,7 +46,7 @@ from minillm import LLM, SamplingParams
 
 PROMPT_LEN = 32
 WARMUP_STEPS = 5
-# Phase -> (the engine's attribute, its method). What an engine lacks is not timed on its own.
+# Phase -> (the path to an object of the engine, its method). What an engine lacks is not timed on its own.
 PHASES = {"schedule": ("scheduler", "schedule"), "propose": ("model_runner.proposer", "propose"),
           "prepare": ("model_runner", "prepare"), "execute": ("model_runner", "execute"),
           "sample": ("model_runner", "sample"), "verify": ("model_runner", "rejection_sampler"),
