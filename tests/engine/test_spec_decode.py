@@ -88,8 +88,12 @@ def test_the_target_as_its_own_draft_has_every_draft_accepted(prompts, padded):
         llm.llm_engine.model_runner.capture_cuda_graphs(capture=False)
         backend = llm.llm_engine.model_runner.proposer.attn_backend
         advance = backend.advance_decode
-        backend.advance_decode = lambda n: padding_rows.append(int((backend.seq_lens.tensor[:n] == 0).sum())) or (
-            advance(n))
+
+        def counted_advance(num_seqs: int) -> torch.Tensor:
+            padding_rows.append(int((backend.seq_lens.tensor[:num_seqs] == 0).sum()))
+            return advance(num_seqs)
+
+        backend.advance_decode = counted_advance
     plain_tokens = [o.outputs[0].token_ids for o in LLM("tiny", **ENGINE).generate(prompts[:7], params,
                                                                                      use_tqdm=False)]
     assert generate(llm, prompts[:7], params) == plain_tokens
