@@ -32,6 +32,8 @@ class LLM:
         default) replays steps as CUDA graphs on a GPU with the Triton backend, of every shape or of
         pure decodes alone (cudagraph_mode "FULL", the default, or "FULL_DECODE_ONLY"); True (or
         cudagraph_mode "NONE") runs every step eagerly, launch by launch (engine/cuda_graph.py).
+        async_scheduling: True queues each step on the device before the tokens of the step before are
+        read, so that the host's work between steps overlaps the device's (engine/async_step.py).
         speculative_config: None, or vLLM's dict for speculative decoding, {"model": "tiny-draft",
         "num_speculative_tokens": 4} (a draft model of the same vocabulary) or {"method": "ngram",
         "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2} (drafts copied

@@ -36,7 +36,7 @@ SITE=/tmp/minillm-gpu-check-site
 SUMMARY="$OUTDIR/summary.md"
 # Tier 1, the targets of the open GPU work, timed alone; tier 2, correctness, its two steps side by
 # side; tier 3, serving.
-TIER1="env kernels attention decode spec throughput quant host host-pageable host-spec"
+TIER1="env kernels attention decode spec throughput quant host host-pageable host-async host-spec"
 TIER2="tests notebooks"
 TIER3="serve"
 STEPS=${GPU_CHECK_STEPS:-$TIER1 $TIER2 $TIER3}
@@ -144,7 +144,7 @@ step 1 attention 20 $PY -m minillm.cli bench attention --tilings 64x32x4 64x32x8
 # The roofline of the 1.1B model (its graphs' capture time and memory among it) and its launch count;
 # then batch-1 decode of a Llama-2-7B shape, graphed, its random weights made on the GPU (nothing read
 # from disk: load_format="dummy"), against the copy and read-only bandwidths.
-step 1 decode 65 bash -c "$PY -m minillm.cli bench decode --model $MODEL_DIR --dtype bfloat16 \
+step 1 decode 80 bash -c "$PY -m minillm.cli bench decode --model $MODEL_DIR --dtype bfloat16 \
     --out $OUTDIR/decode.json && $PY -m minillm.cli bench kernels --models $MODEL_DIR --dtype bfloat16 \
     --out $OUTDIR/kernels-1b.json && $PY -m minillm.cli bench decode --shape llama-2-7b --dtype bfloat16 \
     --batches 1 --prefill-lens --modes graphs --out $OUTDIR/decode-7b.json"
@@ -177,6 +177,10 @@ step 1 host 30 $PY -m minillm.cli bench step --model "$REPO/minillm/assets/tiny"
 # pinned host arrays buy, or cost, in the prepare phase.
 step 1 host-pageable 12 env MINILLM_PINNED_STAGING=0 $PY -m minillm.cli bench step \
     --model "$REPO/minillm/assets/tiny" --device cuda --batch-sizes 1 16 --steps 30 --out "$OUTDIR/step-pageable.json"
+# The same with async scheduling (engine/async_step.py): each step queued before the one before is
+# read, so that a step's total is what the host's work and the device's, overlapped, leave.
+step 1 host-async 12 $PY -m minillm.cli bench step --model "$REPO/minillm/assets/tiny" --device cuda \
+    --batch-sizes 1 16 --steps 30 --async-scheduling --out "$OUTDIR/step-async.json"
 # The same phases of a speculative step of the course's pair (propose, prepare, execute, verify): where
 # c and v of step spec go on the host.
 step 1 host-spec 12 $PY -m minillm.cli bench step --model "$REPO/minillm/assets/tiny" --device cuda \
@@ -185,7 +189,7 @@ step 1 host-spec 12 $PY -m minillm.cli bench step --model "$REPO/minillm/assets/
 
 # pytest-xdist, where it is installed, runs the GPU tests in parallel on the one GPU.
 XDIST=$($PY -c "import xdist" 2>/dev/null && echo "-n 6")
-TESTS="$PY -m pytest -q -p no:cacheprovider $XDIST --timeout=240 -rfE tests/kernels/test_gpu.py tests/kernels/test_kernels.py \
+TESTS="$PY -m pytest -q -p no:cacheprovider $XDIST --timeout=240 -rfE tests/kernels/test_gpu.py tests/engine/test_async_scheduling.py tests/kernels/test_kernels.py \
     tests/kernels/test_quant_kernels.py tests/kernels/test_kv_int8.py tests/kernels/test_layer_kernels.py tests/kernels/test_ragged_attention.py \
     tests/model/test_hf_parity.py \
     tests/model/test_kernel_ops.py tests/engine/test_paged_engine.py tests/engine/test_cuda_graph.py \

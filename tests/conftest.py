@@ -84,3 +84,35 @@ def tiny_llm():
     if not (SHIPPED_MODELS["tiny"] / "model.safetensors").is_file():
         pytest.fail("the shipped tiny model is missing from minillm/assets/tiny")
     return LLM("tiny")
+
+
+# Engine features on a budget that makes steps mix prompt chunks with decodes (max_num_batched_tokens
+# 24, max_model_len 96): engine arguments by name. "abort" aborts a request in the middle of the run.
+ENGINE_FEATURES = {
+    "chunked": {},
+    "prefix cache": {"enable_prefix_caching": True, "block_size": 4},
+    "preemption": {"num_kv_blocks": 26, "block_size": 4},
+    "int8 cache": {"kv_cache_dtype": "int8"},
+    "abort": {},
+}
+
+
+def step_until_done(llm, prompts: list, params: list, abort_step: int | None = None) -> dict:
+    """Each request's tokens, log-probabilities of those tokens (empty without logprobs), finish reason
+    and text, by request id ("0", "1", ...), stepping the engine as generate does; with abort_step,
+    request "0" is aborted after that step (and maps to "abort")."""
+    engine = llm.llm_engine
+    for i, (prompt, p) in enumerate(zip(prompts, params)):
+        engine.add_request(str(i), prompt, p)
+    done = {}
+    while engine.has_unfinished_requests():
+        if engine.num_steps == abort_step:
+            assert engine.scheduler.find("0") is not None, "request 0 finished before it could be aborted"
+            engine.abort_request("0")
+            done["0"] = "abort"
+        for out in engine.step():
+            if out.finished:
+                completion = out.outputs[0]
+                logprobs = [e[t].logprob for e, t in zip(completion.logprobs or [], completion.token_ids)]
+                done[out.request_id] = (completion.token_ids, logprobs, completion.finish_reason, completion.text)
+    return done

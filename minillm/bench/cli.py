@@ -151,7 +151,7 @@ def _bench_step(args) -> None:
     from minillm.bench.step import CAPTION, COLUMNS, bench_step
 
     rows, summary = bench_step(args.model, args.batch_sizes, args.steps, args.device, args.dtype, args.baseline,
-                               args.speculative_config)
+                               args.speculative_config, args.async_scheduling)
     print(CAPTION)
     print(format_table(rows, COLUMNS))
     print(json.dumps(summary))
@@ -235,7 +235,8 @@ def add_bench_commands(sub: argparse._SubParsersAction, model_args: Callable[[ar
     dec.add_argument("--context", type=int_in(1), default=512, help="tokens already in each sequence's cache")
     dec.add_argument("--steps", type=int_in(1), default=10, help="decode steps timed per batch size")
     dec.add_argument("--prefill-lens", type=int_in(1), nargs="*", default=[128, 512, 2048, 8192])
-    dec.add_argument("--modes", nargs="+", default=["eager", "graphs"], choices=["eager", "graphs"])
+    dec.add_argument("--modes", nargs="+", default=["eager", "graphs", "async"], choices=["eager", "graphs", "async"],
+                     help="async: graphs with async scheduling, steps timed back to back")
     dec.add_argument("--shape", default=None, choices=list(SHAPES),
                      help="instead of --model: a Llama of this shape with random weights made on the device "
                           "(load_format='dummy'; nothing written but its config)")
@@ -274,6 +275,8 @@ def add_bench_commands(sub: argparse._SubParsersAction, model_args: Callable[[ar
     step.add_argument("--speculative-config", type=json_object, default=None, metavar="JSON",
                       help='every step speculates, e.g. \'{"model": "tiny-draft", "num_speculative_tokens": 4}\': '
                            "its phases are then propose, prepare, execute and verify")
+    step.add_argument("--async-scheduling", action="store_true",
+                      help="queue each step before reading the one before's tokens (engine/async_step.py)")
     _add_serve(bench_command("serve", "an OpenAI-compatible server under load over HTTP, streaming: TTFT, TPOT, "
                              "ITL, throughput and goodput at each request rate", _bench_serve))
 

@@ -10,30 +10,25 @@ below any GPU's ridge (hundreds), so it is bound by bandwidth, and adding sequen
 until their weights' flops catch up. Prefill does the same for every prompt token at once and is
 bound by compute. The table gives, per step: time, tokens/s, bytes moved over time as GB/s and as
 a share of the copy bandwidth, TFLOP/s, the step's intensity and which roof bounds it. Decode runs
-both eagerly and replaying CUDA graphs (on a GPU), where the gap is the CPU's launch overhead; the
-summary has the graphs' capture time and memory. `--shape llama-2-7b` decodes a model of that shape
+both eagerly and replaying CUDA graphs (on a GPU), where the gap is the CPU's launch overhead, and
+replaying them with async scheduling, where each step is queued before the one before is read
+(engine/async_step.py), so that the host's work between steps overlaps the device's: those steps
+are timed back to back, the others each from an idle device. The summary has the graphs' capture
+time and memory. `--shape llama-2-7b` decodes a model of that shape
 whose random weights are made on the device (load_format="dummy"): a 7B model in a short GPU run.
 """
 
 from __future__ import annotations
 
-import contextlib
 import gc
-import time
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
 
 import torch
 
-from minillm.bench import timing
+from minillm.bench.engine_steps import decode_step_seconds, mixed_step_seconds, prefill_seconds
 from minillm.bench.timing import copy_bandwidth, graph_time, matmul_flops, num_copies, read_bandwidth, wall_time
 from minillm.config.model import ModelConfig
 from minillm.kv.pool import kv_bytes_per_token
 from minillm.llm import LLM
-from minillm.sampling_params import SamplingParams
-
-if TYPE_CHECKING:
-    from minillm.engine.llm_engine import LLMEngine
 
 DECODE_COLUMNS = [("mode", "mode"), ("batch", "batch"), ("step_ms", "step ms"), ("tokens_per_s", "tokens/s"),
                   ("GB_per_step", "GB moved"), ("GB_s", "GB/s"), ("of_copy_bw", "of copy bw"),
@@ -41,7 +36,7 @@ DECODE_COLUMNS = [("mode", "mode"), ("batch", "batch"), ("step_ms", "step ms"), 
                   ("replay_ms", "replay ms"), ("replay_of_copy_bw", "replay of copy bw")]
 # The mixed step: one prompt prefilled beside many decodes, as continuous batching admits requests.
 MIXED_CHUNK, MIXED_DECODES = 512, 63
-MODES = ("eager", "graphs")
+MODES = ("eager", "graphs", "async")
 PREFILL_COLUMNS = [("mode", "mode"), ("tokens", "prompt tokens"), ("ms", "ms (time to first token)"),
                    ("TFLOP_s", "TFLOP/s"), ("of_peak", "of matmul peak"), ("intensity", "flop/byte"),
                    ("bound", "bound by")]
@@ -114,81 +109,6 @@ def linear_rows(in_features: int, out_features: int, batches: tuple[int, ...], d
     return rows
 
 
-def _random_prompt(vocab: int, length: int, seed: int) -> dict:
-    return {"prompt_token_ids": torch.randint(1, vocab, (length,), generator=torch.Generator().manual_seed(seed))
-            .tolist()}
-
-
-@contextlib.contextmanager
-def decoding(llm: LLM, batch: int, context: int, steps: int) -> Iterator[LLMEngine]:
-    """The engine with `batch` requests of `context` random prompt tokens, each past its prefill and
-    one decode step, that can take `steps` more pure decode steps; the requests are aborted at the end."""
-    engine = llm.llm_engine
-    vocab = engine.model_config.vocab_size
-    params = SamplingParams(temperature=0, max_tokens=steps + 8, ignore_eos=True)
-    ids = [f"decode-{batch}-{i}" for i in range(batch)]
-    for i, request_id in enumerate(ids):
-        engine.add_request(request_id, _random_prompt(vocab, context, i), params)
-    try:
-        while any(seq.num_output_tokens == 0 for seq in engine.scheduler.running) or engine.scheduler.waiting:
-            engine.step()
-        engine.step()  # the first decode of this batch size may compile kernels
-        yield engine
-    finally:
-        for request_id in ids:
-            engine.abort_request(request_id)
-
-
-def _timed_step(engine: LLMEngine) -> float:
-    """Seconds of one engine step, from an idle device."""
-    if engine.device.type == "cuda":
-        torch.cuda.synchronize()
-    start = time.perf_counter()
-    engine.step()  # ends in sampled tokens read back to the host: the step is done on the device
-    return time.perf_counter() - start
-
-
-def _decode_step_seconds(llm: LLM, batch: int, context: int, steps: int) -> tuple[list[float], float | None]:
-    """Seconds of each of `steps` pure decode steps of `batch` sequences whose contexts reach about `context`;
-    and the GPU seconds of the last one's graph replayed alone (None without one)."""
-    with decoding(llm, batch, context, steps) as engine:
-        return [_timed_step(engine) for _ in range(steps)], _replay_seconds(engine, batch)
-
-
-def _replay_seconds(engine: LLMEngine, batch: int) -> float | None:
-    """The decode graph of `batch` sequences replayed on the inputs its last step left in the buffers
-    (it stores the same K/V again and attends as that step did): the GPU's part of a step, without
-    the host's work around it, which a whole step waits for."""
-    graphs = engine.model_runner.cuda_graphs
-    graph = graphs.graphs.get(graphs.descriptor([1] * batch, [1] * batch)) if graphs is not None else None
-    return None if graph is None else timing.replay_time(graph)
-
-
-def _prefill_seconds(llm: LLM, tokens: int) -> float:
-    engine = llm.llm_engine
-    params = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
-    times = []
-    for repeat in range(3):
-        engine.add_request(f"prefill-{tokens}-{repeat}", _random_prompt(engine.model_config.vocab_size, tokens,
-                                                                          repeat), params)
-        start = time.perf_counter()
-        engine.step()
-        times.append(time.perf_counter() - start)
-    return sorted(times)[1]
-
-
-def _mixed_step_seconds(llm: LLM, decodes: int, chunk: int, context: int, repeats: int = 5) -> float:
-    """Median seconds of a step that prefills a `chunk`-token prompt beside `decodes` sequences' decodes
-    (what continuous batching runs at each admission)."""
-    times = []
-    with decoding(llm, decodes, context, repeats + 2) as engine:
-        params = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)  # done in the step that prefills it
-        for i in range(repeats):
-            engine.add_request(f"mixed-{i}", _random_prompt(engine.model_config.vocab_size, chunk, 100 + i), params)
-            times.append(_timed_step(engine))
-    return sorted(times)[len(times) // 2]
-
-
 def _roofline(row: dict, moved: float, flops: float, seconds: float, ridge: float, copy_bw: float) -> dict:
     row.update(GB_per_step=moved / 1e9, GB_s=moved / seconds / 1e9, of_copy_bw=moved / seconds / copy_bw,
                TFLOP_s=flops / seconds / 1e12, intensity=flops / moved,
@@ -204,7 +124,8 @@ def bench_decode(model: str, batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64,
     GPU, a step of a 512-token prompt beside 63 decodes, likewise; prefill of one prompt of each
     length, likewise. Random token ids: the shapes are what matter. modes: MODES or one of them
     ("graphs" alone runs eagerly, labelled so, where the engine captures none); load_format "dummy":
-    random weights made on the device, for a model folder that holds only its config.json."""
+    random weights made on the device, for a model folder that holds only its config.json; "async"
+    runs decode alone, prefill and the mixed step being what "graphs" measures."""
     if not modes or any(mode not in MODES for mode in modes):
         raise ValueError(f"modes must be some of {MODES}, got {modes!r}")
     common = dict(device=device, dtype=dtype, skip_tokenizer_init=True, enable_prefix_caching=False,
@@ -215,11 +136,12 @@ def bench_decode(model: str, batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64,
     capture: dict[str, float] = {}
     for mode in (m for m in MODES if m in modes):
         llm = LLM(model, **common, max_num_seqs=max(batches), num_kv_blocks=max(batches) * blocks_per_seq,
-                  max_model_len=max(context, MIXED_CHUNK) + steps + 16, enforce_eager=mode == "eager")
+                  max_model_len=max(context, MIXED_CHUNK) + steps + 16, enforce_eager=mode == "eager",
+                  async_scheduling=mode == "async")
         engine = llm.llm_engine
         dev, config, torch_dtype = engine.device, engine.model_config, engine.dtype
         graphs = engine.model_runner.cuda_graphs
-        if mode == "graphs" and graphs is None:
+        if mode != "eager" and graphs is None:
             if decode_rows:
                 break  # no Triton here: eager is all there is, and it was measured
             mode = "eager"
@@ -234,7 +156,7 @@ def bench_decode(model: str, batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64,
             peak = matmul_flops(dev, torch_dtype, 8192 if dev.type == "cuda" else 1024)
             ridge = peak / copy_bw
         for batch in batches:
-            runs, replay = _decode_step_seconds(llm, batch, context, steps)
+            runs, replay = decode_step_seconds(llm, batch, context, steps)
             seconds = sorted(runs)[len(runs) // 2]
             moved = read_bytes + batch * (context + steps // 2) * kv_token
             flops = batch * step_flops(config, 1, context + steps // 2)
@@ -244,15 +166,15 @@ def bench_decode(model: str, batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64,
             if replay is not None:
                 row.update(replay_ms=replay * 1e3, replay_of_copy_bw=moved / replay / copy_bw)
             decode_rows.append(row)
-        if dev.type == "cuda" and max(batches) > MIXED_DECODES:  # what graphs change: a GPU's figure
-            mixed_ms[mode] = _mixed_step_seconds(llm, MIXED_DECODES, MIXED_CHUNK, context) * 1e3
+        if dev.type == "cuda" and max(batches) > MIXED_DECODES and mode != "async":  # what graphs change
+            mixed_ms[mode] = mixed_step_seconds(llm, MIXED_DECODES, MIXED_CHUNK, context) * 1e3
         del llm, engine, graphs
         gc.collect()
         if dev.type != "cuda":
             break  # CUDA graphs are for CUDA devices
 
     prefill_rows = []
-    for mode in (m for m in MODES if m in modes) if prefill_lens else ():
+    for mode in (m for m in MODES if m in modes and m != "async") if prefill_lens else ():
         longest = max(prefill_lens)
         llm = LLM(model, **common, max_num_seqs=1, max_num_batched_tokens=longest, max_model_len=longest + 1,
                   num_kv_blocks=-(-longest // 16) + 1, enforce_eager=mode == "eager")
@@ -261,7 +183,7 @@ def bench_decode(model: str, batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64,
                 break
             mode = "eager"
         for tokens in prefill_lens:
-            seconds = _prefill_seconds(llm, tokens)
+            seconds = prefill_seconds(llm, tokens)
             moved = read_bytes + tokens * kv_token
             flops = step_flops(config, tokens, 0)
             row = _roofline({"mode": mode, "tokens": tokens, "ms": seconds * 1e3}, moved, flops, seconds, ridge,
@@ -276,7 +198,7 @@ def bench_decode(model: str, batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64,
 
     best = "graphs" if any(r["mode"] == "graphs" for r in decode_rows) else "eager"
     batch1_gb_s = at(best, 1, "GB_s")
-    eager_ms, graphs_ms = at("eager", 1, "step_ms"), at("graphs", 1, "step_ms")
+    eager_ms, graphs_ms, async_ms = at("eager", 1, "step_ms"), at("graphs", 1, "step_ms"), at("async", 1, "step_ms")
     summary = {"device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu", "dtype": str(torch_dtype),
                "weight_GB": read_bytes / 1e9, "copy_GB_s": copy_bw / 1e9, "read_GB_s": read_bw / 1e9,
                "matmul_TFLOP_s": peak / 1e12, "ridge_flop_per_byte": ridge,
@@ -288,6 +210,9 @@ def bench_decode(model: str, batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64,
                "batch1_host_share": (1 - at("graphs", 1, "replay_ms") / graphs_ms
                                      if graphs_ms and at("graphs", 1, "replay_ms") else None),
                "graphs_speedup_at_batch1": eager_ms / graphs_ms if eager_ms and graphs_ms else None,  # both modes run
+               # What overlapping the host's work with the device's buys a graphed step.
+               "batch1_async_of_copy_bw": at("async", 1, "of_copy_bw"),
+               "async_speedup_at_batch1": graphs_ms / async_ms if graphs_ms and async_ms else None,
                "first_compute_bound_batch": next((r["batch"] for r in decode_rows
                                                   if r["mode"] == best and r["bound"] == "compute"), None),
                f"mixed_step_ms ({MIXED_CHUNK}-token prompt + {MIXED_DECODES} decodes)": mixed_ms,

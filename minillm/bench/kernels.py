@@ -24,7 +24,7 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from minillm.bench.decode import decoding
+from minillm.bench.engine_steps import decoding
 from minillm.kernels.ops import KernelOps
 from minillm.llm import LLM
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from minillm.bench.decode import decoding
+from minillm.bench.engine_steps import decoding
 from minillm.bench.verdict import MIN_SAMPLES, NOISY_NOTE, Verdict, estimate, verdict
 from minillm.llm import LLM
 

@@ -3,8 +3,9 @@
 A small model's decode step is bound by what the CPU does around the kernels: scheduling, building
 the inputs, launching the kernels, reading the sampled tokens back, bookkeeping. This benchmark
 times each phase of `LLMEngine.step()` by wrapping the engine's own methods for the duration of
-the measurement: `Scheduler.schedule`, `ModelRunner.prepare`, `execute` and `sample`, and
-`Scheduler.update`; "other" is the rest of the step (output processing). An older engine has a
+the measurement: `Scheduler.schedule`, `ModelRunner.prepare`, `execute` and `sample`, the step's
+`get_output` ("wait": its tokens read back), and `Scheduler.update`; "other" is the rest of the
+step (output processing). An older engine has a
 single `ModelRunner.run` for prepare, execute and sample, and updates inside `step()`: it is timed
 as "runner" and its update falls in "other".
 
@@ -14,9 +15,11 @@ and `verify`, the rejection sampler in place of the sampler: what c and v of `be
 of, on the host. Its requests draft from random prompts, so the tokens per step are whatever the
 draft's acceptance gives.
 
-The times are the CPU's: nothing synchronizes inside a step. On a GPU, execute only queues
-kernels and sample (verify, when speculating) waits for them when it reads the tokens back, so the
-device's time shows up there: a draft model's too, since `propose` only queues its steps.
+The times are the CPU's: nothing synchronizes inside a step. On a GPU, execute and sample only
+queue kernels (and the copy of the sampled tokens to the host), and wait (verify, when speculating)
+waits for them when it reads the tokens, so the device's time shows up there: a draft model's too,
+since `propose` only queues its steps. (An engine older than the split of sample and wait shows its
+wait in sample.)
 
 With `--baseline REV` the same measurement runs on REV's engine in a subprocess, against a
 temporary git worktree of REV (or a folder holding REV's tree, exported where the git history is,
@@ -50,11 +53,14 @@ WARMUP_STEPS = 5
 PHASES = {"schedule": ("scheduler", "schedule"), "propose": ("model_runner.proposer", "propose"),
           "prepare": ("model_runner", "prepare"), "execute": ("model_runner", "execute"),
           "sample": ("model_runner", "sample"), "verify": ("model_runner", "rejection_sampler"),
+          # The class of the outputs the runner's steps return, found in the runner's module.
+          "wait": ("model_runner:AsyncModelRunnerOutput", "get_output"),
           "update": ("scheduler", "update")}
-RUNNER_PHASES = ("propose", "prepare", "execute", "sample", "verify")
+RUNNER_PHASES = ("propose", "prepare", "execute", "sample", "verify", "wait")
 CURRENT = "working tree"
 COLUMNS = [("version", "version"), ("batch", "batch"), ("schedule_us", "schedule"), ("propose_us", "propose"),
            ("prepare_us", "prepare"), ("execute_us", "execute"), ("sample_us", "sample"), ("verify_us", "verify"),
+           ("wait_us", "wait"),
            ("runner_us", "runner"), ("update_us", "update"), ("other_us", "other"), ("total_us", "total"),
            ("median_us", "median"), ("p90_us", "p90"), ("tokens_per_step", "tokens/step"),
            ("tokens_per_s", "tokens/s"), ("vs_before", "x before")]
@@ -100,13 +106,17 @@ def phase_methods(engine) -> dict[str, tuple[object, str]]:
     verify rather than sample; an engine without speculation has no proposer or rejection sampler."""
     found = {}
     for phase, (path, name) in PHASES.items():
+        path, _, class_name = path.partition(":")
         owner = engine
         for attribute in path.split("."):
             owner = getattr(owner, attribute, None)
+        if class_name:
+            owner = getattr(sys.modules[type(owner).__module__], class_name, None)
         if getattr(owner, name, None) is not None:
             found[phase] = (owner, name)
-    if "verify" in found:
+    if "verify" in found:  # a speculative step reads its tokens in verify
         del found["sample"]
+        found.pop("wait", None)
     if not any(phase in found for phase in RUNNER_PHASES) and hasattr(engine.model_runner, "run"):
         found["runner"] = (engine.model_runner, "run")
     if "schedule" not in found or not {"runner", *RUNNER_PHASES} & found.keys():
@@ -211,11 +221,13 @@ def host_phases(llm: LLM, batch: int = 1, steps: int = 3, warmup: int = WARMUP_S
 
 
 def measure(model: str, batch_sizes: list[int], steps: int, device: str | None, dtype: str,
-            speculative_config: dict | None = None) -> dict:
+            speculative_config: dict | None = None, async_scheduling: bool = False) -> dict:
     """The phases of `steps` decode steps at each batch size, on the `minillm` this imported."""
     # Requests never finish within a measurement, and their token ids need no tokenizer.
     k = speculative_config.get("num_speculative_tokens", 0) if speculative_config else 0
     spec = {"speculative_config": speculative_config} if speculative_config else {}
+    if async_scheduling:
+        spec["async_scheduling"] = True
     llm = LLM(model, device=device, dtype=dtype, skip_tokenizer_init=True, max_num_seqs=max(batch_sizes),
               max_model_len=PROMPT_LEN + (max(batch_sizes) + WARMUP_STEPS + steps + 2) * (1 + k), **spec)
     rows = []
@@ -238,14 +250,19 @@ def side_by_side(results: dict[str, dict]) -> list[dict]:
 
 
 def bench_step(model: str, batch_sizes: list[int], steps: int, device: str | None = None, dtype: str = "auto",
-               baseline: str | None = None, speculative_config: dict | None = None) -> tuple[list[dict], dict]:
+               baseline: str | None = None, speculative_config: dict | None = None,
+               async_scheduling: bool = False) -> tuple[list[dict], dict]:
     """The phases on this tree's engine and, with `baseline` (a git revision), on that revision's first;
-    speculative_config: every step speculates, as `LLM(speculative_config=...)`."""
+    speculative_config: every step speculates, as `LLM(speculative_config=...)`; async_scheduling:
+    each step is queued before the one before is read, so a step's phases are the next step's
+    schedule, prepare, execute and sample and the step before's wait, update and outputs."""
     if steps < 2:
         raise ValueError(f"--steps must be at least 2 (for a 90th percentile), got {steps}")
     config = {"model": model, "batch_sizes": batch_sizes, "steps": steps, "device": device, "dtype": dtype}
     if speculative_config:  # only then: an older revision's engine may not speculate
         config["speculative_config"] = speculative_config
+    if async_scheduling:
+        config["async_scheduling"] = True
     results = {}
     if baseline is not None:
         # Imported here: the worker runs this file against a revision that may not have it.

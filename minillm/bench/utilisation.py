@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from minillm.bench.decode import decoding
+from minillm.bench.engine_steps import decoding
 from minillm.llm import LLM
 
 

@@ -88,8 +88,12 @@ class SchedulerConfig:
     # Who joins each step, and how many tokens the step may compute: a name of SCHEDULING_POLICIES, or a
     # policy of one's own, an object (or a class, made here without arguments) with admit and token_budget.
     scheduling_policy: Any = "fcfs"
+    # Queue each step before the tokens of the one before are read, so that the host's work between
+    # steps overlaps the device's (engine/async_step.py).
+    async_scheduling: bool = False
 
     def __post_init__(self) -> None:
+        check_bool("async_scheduling", self.async_scheduling)
         check_int("max_num_seqs", self.max_num_seqs, 1)
         check_int("max_num_batched_tokens", self.max_num_batched_tokens, 1)
         check_int("num_lookahead_slots", self.num_lookahead_slots, 0)

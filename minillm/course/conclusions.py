@@ -157,3 +157,23 @@ def share_of_roof(floor_ms: float, step_ms: Sequence[float]) -> str:
         return (f"{said}: a good part of it, not all: the rest of the step (small kernels, attention, sampling, the "
                 "host's bookkeeping) costs as much as moving some of the weights again")
     return f"{said}: {NOISY_NOTE}"
+
+
+def overlap_gain(sync_ms: Sequence[float], async_ms: Sequence[float], on_gpu: bool) -> str:
+    """Chapter 08: async scheduling against the synchronous engine, from the milliseconds per generated
+    token of runs of each, taken in turn."""
+    gain = estimate(sync_ms) / estimate(async_ms)
+    said = f"async scheduling: {gain.factor()} the synchronous engine's speed"
+    match verdict(gain, SAME_WITHIN), verdict(gain, 1 / SAME_WITHIN):
+        case Verdict.ABOVE, _:
+            return (f"{said}: faster, because the host's work between steps now runs while the device computes the "
+                    "next step, instead of while the device waits")
+        case _, Verdict.BELOW:
+            return (f"{said}: slower: the extra token computed for each sequence that stops, and the copies the "
+                    "device makes for each step's input, cost more here than the overlap saves")
+        case Verdict.BELOW, Verdict.ABOVE:
+            why = ("the host's work and the device's already overlap little here (compare `replay ms` with `step ms` "
+                   "in bench decode)" if on_gpu else
+                   "on a CPU the host is the device: there is nothing to overlap, and the engine does the same work")
+            return f"{said}: the same within 10%: {why}"
+    return f"{said}: {NOISY_NOTE}"

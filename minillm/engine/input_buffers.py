@@ -18,5 +18,8 @@ class InputBuffers:
         self.input_ids = CpuGpuBuffer(max_num_tokens, dtype=torch.long, device=device)
         self.positions = CpuGpuBuffer(max_num_tokens, dtype=torch.long, device=device)
         self.logits_indices = CpuGpuBuffer(max_num_tokens, dtype=torch.long, device=device)
-        # The input rows of drafts that a draft model left on the device, to copy them into input_ids.
+        # The input rows of tokens still on the device, to copy them into input_ids: the drafts a draft
+        # model made, or the tokens the step before sampled (async scheduling), from these rows of its
+        # sampled tokens.
         self.draft_rows = CpuGpuBuffer(max_num_tokens, dtype=torch.long, device=device)
+        self.previous_rows = CpuGpuBuffer(max_num_tokens, dtype=torch.long, device=device)

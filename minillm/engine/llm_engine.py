@@ -11,6 +11,7 @@ from collections.abc import Callable
 import torch
 
 from minillm.config.engine import EngineConfig, check_checkpoint_quantization, resolve_max_model_len
+from minillm.engine.async_step import InFlightStep, placeholders
 from minillm.engine.metrics import EngineCounters, Metric, collect_metrics
 from minillm.engine.model_runner import ModelRunner
 from minillm.engine.output_processor import OutputProcessor
@@ -24,7 +25,7 @@ from minillm.models.loader import load_model, load_tokenizer, resolve_model_path
 from minillm.models.registry import read_model_config
 from minillm.outputs import RequestOutput
 from minillm.sampling_params import SamplingParams
-from minillm.sequence import Sequence
+from minillm.sequence import Sequence, SequenceStatus
 from minillm.spec_decode.acceptance import AcceptanceCounts
 from minillm.spec_decode.proposers import create_proposer, load_draft_model
 from minillm.utils.device import device_memory_bytes, resolve_device, resolve_dtype
@@ -89,6 +90,7 @@ class LLMEngine:
         self.scheduler = Scheduler(config.scheduler, kv)
         self.step_listeners: list[Callable[[StepEvent], None]] = []  # see engine/trace.py
         self.num_steps = 0
+        self._in_flight: InFlightStep | None = None  # async_scheduling: the step queued last, not yet read
 
     def _log_load(self) -> None:
         """The weights' size and the peak memory of loading them: at INFO on an accelerator, where they
@@ -126,15 +128,51 @@ class LLMEngine:
         return self.scheduler.has_unfinished_requests()
 
     def step(self) -> list[RequestOutput]:
-        """One iteration: schedule; run the model; the output processor appends its tokens and decides
-        the stops (the one place that does, once per step) and makes the outputs; the scheduler then
-        advances the cache and frees the finished sequences; the step is recorded."""
-        batch = self.scheduler.schedule()
+        """One iteration: schedule; queue the model's step on the device; then read a step's tokens: the
+        output processor appends them and decides the stops (the one place that does, once per step)
+        and makes the outputs; the scheduler advances the cache and frees the finished sequences; the
+        step is recorded.
+
+        The step read is this one, unless async_scheduling left the one before in flight: then this
+        step is scheduled and queued first, behind it, and that one is read (engine/async_step.py)."""
+        previous, self._in_flight = self._in_flight, None
+        with placeholders(previous):
+            queued = self._queue(self.scheduler.schedule(), previous)
+        outputs = [] if previous is None else self._finish(previous)
+        if queued is not None and self._may_stay_in_flight(queued.batch):
+            self._in_flight = queued
+        elif queued is not None:
+            outputs += self._finish(queued)
+        return outputs
+
+    def _queue(self, batch: ScheduledBatch, previous: InFlightStep | None) -> InFlightStep | None:
+        """The batch's step queued on the device (None for an empty batch), behind `previous` if given."""
         if not batch.seqs:
-            return []
+            return None
         states = self._seq_states(batch) if self.step_listeners else None
+        return InFlightStep(batch, self.model_runner.execute_model(batch, previous and previous.output), states)
+
+    def _may_stay_in_flight(self, batch: ScheduledBatch) -> bool:
+        """Whether the next step may be queued before this one's tokens are read (async_scheduling): not
+        when speculating (a speculative step reads its verdict at once), nor without a KV cache (each
+        step feeds every token from the host), nor where a token's penalties need the one before it,
+        nor while a step listener watches (the live views show each step as it ends)."""
+        return (self.config.scheduler.async_scheduling and self.model_runner.proposer is None
+                and self.kv_cache_manager.name != "none" and not self.step_listeners
+                and not any(seq.params.has_penalties for seq in batch.seqs))
+
+    def _finish(self, step: InFlightStep) -> list[RequestOutput]:
+        """A queued step's tokens read back (the host waits for the device here) and taken in by those of
+        its sequences that have not finished since it was queued (async scheduling queues a step
+        before it knows whether the one before stopped a sequence)."""
+        batch, output = step.batch, step.output.get_output()
+        live = [i for i, seq in enumerate(batch.seqs) if seq.status is not SequenceStatus.FINISHED]
+        if len(live) < len(batch.seqs):
+            batch, output = batch.select(live), output.select(live)
+            states = None if step.states is None else [step.states[i] for i in live]
+        else:
+            states = step.states
         before = [(seq.num_output_tokens, seq.metrics.last_token_time) for seq in batch.seqs]
-        output = self.model_runner.execute_model(batch)
         outputs = self.output_processor.process_outputs(batch.seqs, output)
         self.scheduler.update(batch, output)
         self._record_step(batch, output, before, states)

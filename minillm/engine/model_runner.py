@@ -23,7 +23,7 @@ from minillm.config.engine import SchedulerConfig
 from minillm.engine.cuda_graph import CudaGraphs
 from minillm.engine.input_buffers import InputBuffers
 from minillm.engine.model_input import ModelInput, build_model_input, execute_model_input
-from minillm.engine.runner_output import ModelRunnerOutput
+from minillm.engine.runner_output import AsyncModelRunnerOutput, ModelRunnerOutput
 from minillm.engine.scheduler import ScheduledBatch
 from minillm.kv.cache_manager import KVCacheManager
 from minillm.models.interface import CausalLM
@@ -76,10 +76,17 @@ class ModelRunner:
             capture_draft(self.max_num_seqs, self.max_num_tokens, capture, decode_only)
 
     @torch.inference_mode()
-    def execute_model(self, batch: ScheduledBatch) -> ModelRunnerOutput:
+    def execute_model(self, batch: ScheduledBatch,
+                      previous: AsyncModelRunnerOutput | None = None) -> AsyncModelRunnerOutput:
+        """The step queued on the device; previous: the step queued before it and not yet read, whose
+        newest tokens are this batch's placeholders (async scheduling: `prepare`)."""
         if self.proposer is None or not any(batch.num_spec_tokens):
-            model_input = self.prepare(batch)
+            model_input = self.prepare(batch, previous=previous)
             return self.sample(self.execute(model_input), batch.seqs, model_input)
+        return AsyncModelRunnerOutput.done(self._speculate(batch))
+
+    def _speculate(self, batch: ScheduledBatch) -> ModelRunnerOutput:
+        """Drafts proposed, then verified by the target: the rejection sampler reads its verdict at once."""
         proposal = self.proposer.propose(batch.seqs, batch.num_spec_tokens)
         logits = self.execute(self.prepare(batch, proposal))
         rows = [i for i, sample in enumerate(batch.do_sample) if sample]  # prompt chunks have no logits
@@ -91,10 +98,12 @@ class ModelRunner:
             tokens[i], spec[i] = run, drafts
         return ModelRunnerOutput(tokens, sampled, spec)
 
-    def prepare(self, batch: ScheduledBatch, proposal: Proposal | None = None) -> ModelInput:
+    def prepare(self, batch: ScheduledBatch, proposal: Proposal | None = None,
+                previous: AsyncModelRunnerOutput | None = None) -> ModelInput:
         """The batch's inputs; with a proposal, each sequence's drafts follow its last token (fewer than
         the slots reserved where the proposer found fewer) and each gets logits. Drafts still on the
-        device are copied into the input ids there, behind placeholders on the host."""
+        device are copied into the input ids there, behind placeholders on the host; so is the token
+        that `previous` sampled for each of its sequences, the last input of each here."""
         if proposal is None:
             spec = [[] for _ in batch.seqs]
         else:
@@ -109,29 +118,34 @@ class ModelRunner:
                   for seq, start, n in zip(batch.seqs, starts, batch.num_new_tokens)]
         model_input = build_model_input(batch.seqs, starts, token_ids, [k + p for k, p in zip(num_logits, scored)],
                                         self.attn_backend, self.buffers, self.cuda_graphs, scored)
+        ends = model_input.metadata.query_start_loc[1:]  # one past each sequence's last row
         if proposal is not None and proposal.on_device:
-            last_rows = [end - 1 for end in model_input.metadata.query_start_loc[1:]]
-            rows = self.buffers.draft_rows.stage(proposal.device_rows(last_rows))
+            rows = self.buffers.draft_rows.stage(proposal.device_rows([end - 1 for end in ends]))
             model_input.input_ids.index_copy_(0, rows, proposal.device_token_ids)
+        if previous is not None:
+            pairs = [(end - 1, previous.token_rows[seq]) for seq, end in zip(batch.seqs, ends)
+                     if seq in previous.token_rows]
+            if pairs:
+                rows, sources = zip(*pairs)
+                tokens = previous.device_token_ids.index_select(0, self.buffers.previous_rows.stage(sources))
+                model_input.input_ids.index_copy_(0, self.buffers.draft_rows.stage(rows), tokens)
         return model_input
 
     def execute(self, model_input: ModelInput) -> torch.Tensor | None:
         """Logits [rows, vocab] at model_input.logits_indices; None if the step samples nothing."""
         return execute_model_input(self.model, self.attn_backend, model_input, self.cuda_graphs)
 
-    def sample(self, logits: torch.Tensor | None, seqs: list[Sequence], model_input: ModelInput) -> ModelRunnerOutput:
+    def sample(self, logits: torch.Tensor | None, seqs: list[Sequence],
+               model_input: ModelInput) -> AsyncModelRunnerOutput:
+        """Tokens from logits, queued on the device; `get_output()` reads them."""
         num_logits, prompt_logprobs = model_input.num_logits, []
         if logits is not None and any(model_input.num_prompt_logits):
             logits, num_logits, prompt_logprobs = score_prompts(logits, seqs, model_input)
-        if not sum(num_logits):
-            return ModelRunnerOutput([[] for _ in seqs], prompt_logprobs=prompt_logprobs)
-        row_seqs = [seq for seq, k in zip(seqs, num_logits) for _ in range(k)]
-        sampled = self.sampler(logits, SamplingMetadata.from_seqs(row_seqs, self.device))
-        tokens, row = [], 0
-        for k in num_logits:
-            tokens.append(sampled.token_ids[row:row + k])
-            row += k
-        return ModelRunnerOutput(tokens, sampled, prompt_logprobs=prompt_logprobs)
+        sampled = None
+        if sum(num_logits):
+            row_seqs = [seq for seq, k in zip(seqs, num_logits) for _ in range(k)]
+            sampled = self.sampler.sample_on_device(logits, SamplingMetadata.from_seqs(row_seqs, self.device))
+        return AsyncModelRunnerOutput(seqs, num_logits, sampled, prompt_logprobs)
 
 
 def score_prompts(logits: torch.Tensor, seqs: list[Sequence],

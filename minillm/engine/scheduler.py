@@ -63,6 +63,11 @@ class ScheduledBatch:
         self.num_spec_tokens.append(num_spec_tokens)
         return num_new_tokens + num_spec_tokens
 
+    def select(self, rows: list[int]) -> ScheduledBatch:
+        """The batch of the sequences `rows` only, in that order."""
+        return ScheduledBatch([self.seqs[i] for i in rows], [self.num_new_tokens[i] for i in rows], self.preempted,
+                              [self.do_sample[i] for i in rows], [self.num_spec_tokens[i] for i in rows])
+
     def decodes_first(self) -> None:
         """Reorder so that sequences computing one token come first, in their order: attention
         then runs them through the decode kernel in one call and only the rest through prefill."""
@@ -169,6 +174,10 @@ class Scheduler:
             # Of the drafts verified, the accepted ones are computed; the rejected ones' K/V stay in
             # the cache as garbage, overwritten before anyone reads them. Never past the tokens kept
             # (a stop cuts the run of tokens a step produced).
+            if seq.status is SequenceStatus.WAITING:  # preempted since the step was queued (async scheduling)
+                if seq.finish_reason is not None:
+                    self.finish(seq)
+                continue  # its tokens are recomputed when it runs again
             computed = n - lookahead + (len(tokens) - 1 if spec else 0)
             self.kv_cache_manager.mark_computed(seq, min(computed, seq.num_tokens - seq.num_computed_tokens))
             if seq.finish_reason is not None:

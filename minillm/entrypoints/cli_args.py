@@ -52,6 +52,8 @@ def add_serve_args(p: argparse.ArgumentParser, speculative_args) -> None:
         p.add_argument("--" + name.replace("_", "-"), type=kind, default=None, help=text)
     p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None)
     p.add_argument("--enforce-eager", action="store_true", default=None, help="no CUDA graphs")
+    p.add_argument("--async-scheduling", action="store_true", default=None,
+                   help="queue each step before reading the one before's tokens")
     speculative_args(p)
 
 
@@ -68,5 +70,5 @@ def _string_list(text: str) -> list[str]:
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
     """The engine arguments given on the command line; the rest keep the engine's defaults."""
-    names = [name for name, _, _ in ENGINE_ARGS] + ["enable_prefix_caching", "enforce_eager"]
+    names = [name for name, _, _ in ENGINE_ARGS] + ["enable_prefix_caching", "enforce_eager", "async_scheduling"]
     return {name: getattr(args, name) for name in names if getattr(args, name) is not None}

@@ -18,7 +18,7 @@ from minillm.grading.feedback import CheckFailed, call_learner
 from minillm.grading.sampler_cases import Settings, validate
 from minillm.llm import LLM
 from minillm.outputs import RequestOutput
-from minillm.sample.sampler import Sampler, SamplerOutput, SamplingMetadata
+from minillm.sample.sampler import SampledTokens, Sampler, SamplingMetadata
 from minillm.sampling_params import SamplingParams
 
 MAX_TOKENS = 8
@@ -39,8 +39,8 @@ class LearnerSampler(Sampler):
         super().__init__(generator)
         self.sample = sample
 
-    def __call__(self, logits: torch.Tensor, meta: SamplingMetadata) -> SamplerOutput:
-        return super().__call__(logits, dataclasses.replace(meta, all_greedy=False))
+    def sample_on_device(self, logits: torch.Tensor, meta: SamplingMetadata) -> SampledTokens:
+        return super().sample_on_device(logits, dataclasses.replace(meta, all_greedy=False))
 
     def _sample(self, logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
         def column(values: torch.Tensor | None, row: int, off: float) -> float:

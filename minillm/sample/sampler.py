@@ -17,6 +17,7 @@ import torch
 
 from minillm.sample.penalties import Penalties, apply_penalties
 from minillm.sampling_params import GREEDY_EPS, SamplingParams
+from minillm.utils.staging import host_tensor
 
 # Where the top-p boundary falls exactly on the cumulative sum, float rounding of the softmax
 # must not decide whether a token stays: mass within this tolerance counts as reaching top_p.
@@ -48,6 +49,12 @@ class SamplerOutput:
     sampled_ranks: list[int] | None = None
     top_token_ids: list[list[int]] | None = None
     top_logprobs: list[list[float]] | None = None
+
+    def select(self, rows: list[int]) -> SamplerOutput:
+        """The entries of `rows` only, in that order."""
+        return SamplerOutput(*(None if values is None else [values[i] for i in rows]
+                               for values in (self.token_ids, self.sampled_logprobs, self.sampled_ranks,
+                                              self.top_token_ids, self.top_logprobs)))
 
 
 @dataclass
@@ -159,14 +166,16 @@ class Sampler:
 
     def __call__(self, logits: torch.Tensor, meta: SamplingMetadata) -> SamplerOutput:
         """logits: [B, vocab] float32 -> one token per row."""
+        return self.sample_on_device(logits, meta).read()
+
+    def sample_on_device(self, logits: torch.Tensor, meta: SamplingMetadata) -> SampledTokens:
+        """One token per row of logits [B, vocab] (float32), queued on the device and on its way to the host."""
         want_logprobs = any(n is not None for n in meta.num_logprobs)
         raw_logprobs = logits.log_softmax(dim=-1) if want_logprobs else None
         logits = restrict(logits, meta)
         tokens = logits.argmax(dim=-1) if meta.all_greedy else self._sample(logits, meta)
-        out = SamplerOutput(token_ids=tokens.tolist())
-        if raw_logprobs is not None:
-            fill_logprobs(out, raw_logprobs, tokens, max(n or 0 for n in meta.num_logprobs))
-        return out
+        return SampledTokens(tokens, None if raw_logprobs is None else
+                             logprob_tensors(raw_logprobs, tokens, max(n or 0 for n in meta.num_logprobs)))
 
     def _sample(self, logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
         greedy_rows = meta.temperature < GREEDY_EPS
@@ -194,15 +203,50 @@ def per_row_random(shape: tuple[int, ...], generators: list[torch.Generator | No
     return out
 
 
-def fill_logprobs(out: SamplerOutput, raw: torch.Tensor, tokens: torch.Tensor, top_n: int) -> None:
+def logprob_tensors(raw: torch.Tensor, tokens: torch.Tensor, top_n: int) -> dict[str, torch.Tensor]:
     """The chosen tokens' logprobs and ranks under raw (log_softmax of the unfiltered logits), and the
-    top_n most likely tokens of each row."""
+    top_n most likely tokens of each row: SamplerOutput's fields, as tensors on raw's device."""
     chosen = raw.gather(1, tokens[:, None])
-    out.sampled_logprobs = chosen[:, 0].tolist()
-    out.sampled_ranks = ((raw > chosen).sum(dim=-1) + 1).tolist()
+    found = {"sampled_logprobs": chosen[:, 0], "sampled_ranks": (raw > chosen).sum(dim=-1) + 1}
     if top_n:
-        values, ids = raw.topk(top_n, dim=-1)
-        out.top_logprobs, out.top_token_ids = values.tolist(), ids.tolist()
+        found["top_logprobs"], found["top_token_ids"] = raw.topk(top_n, dim=-1)
+    return found
+
+
+def fill_logprobs(out: SamplerOutput, raw: torch.Tensor, tokens: torch.Tensor, top_n: int) -> None:
+    """out's logprob fields (`logprob_tensors`), read now."""
+    for name, values in logprob_tensors(raw, tokens, top_n).items():
+        setattr(out, name, values.tolist())
+
+
+class SampledTokens:
+    """A step's sampled tokens [rows] on the device, and their logprobs where a row asked, already on
+    their way to the host: copied into pinned memory behind the step's kernels, so that the host goes
+    on (the engine prepares and queues the next step) while the device computes, and waits only in
+    `read`. `token_ids` stays on the device, where the next step can take its inputs from it."""
+
+    def __init__(self, token_ids: torch.Tensor, logprobs: dict[str, torch.Tensor] | None = None) -> None:
+        self.token_ids = token_ids
+        values = {"token_ids": token_ids, **(logprobs or {})}
+        self._copied = None
+        if token_ids.is_cuda:
+            self._host = {}
+            for name, tensor in values.items():
+                host, pinned = host_tensor(tensor, pin=True)  # pageable where no memory can be locked: still right
+                self._host[name] = host.copy_(tensor, non_blocking=pinned)
+            self._copied = torch.cuda.Event()
+            self._copied.record(torch.cuda.current_stream(token_ids.device))
+        else:  # a CPU computed them already; any other device is read in one synchronous copy each
+            self._host = {name: tensor.cpu() for name, tensor in values.items()}
+
+    def read(self) -> SamplerOutput:
+        """The tokens and logprobs on the host, once the device has produced them."""
+        if self._copied is not None:
+            self._copied.synchronize()
+        out = SamplerOutput(token_ids=[])
+        for name, values in self._host.items():
+            setattr(out, name, values.tolist())
+        return out
 
 
 def score_tokens(logits: torch.Tensor, token_ids: list[int], top_n: int) -> SamplerOutput:

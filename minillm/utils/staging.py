@@ -31,7 +31,7 @@ def pinned_staging() -> bool:
     return os.environ.get("MINILLM_PINNED_STAGING", "1") != "0"
 
 
-def _host_tensor(like: torch.Tensor, pin: bool) -> tuple[torch.Tensor, bool]:
+def host_tensor(like: torch.Tensor, pin: bool) -> tuple[torch.Tensor, bool]:
     """A host tensor shaped like `like`, pinned if asked and possible; and whether it is pinned."""
     if pin:
         try:
@@ -50,7 +50,7 @@ class CpuGpuBuffer:
         if self.tensor.device.type == "cpu":
             self.cpu, pinned = self.tensor, False  # the same memory: writing the array writes the tensor
         else:
-            self.cpu, pinned = _host_tensor(self.tensor, self.tensor.device.type == "cuda" and pinned_staging())
+            self.cpu, pinned = host_tensor(self.tensor, self.tensor.device.type == "cuda" and pinned_staging())
             self.cpu.fill_(fill)
         self.np = self.cpu.numpy()
         # Recorded after each copy out of a pinned array; an event never recorded is complete.

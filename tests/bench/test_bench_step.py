@@ -16,7 +16,8 @@ from minillm.bench import revision, step
 from minillm.bench.step import PhaseClock, bench_step, timed_phases
 
 REPO = Path(__file__).resolve().parents[2]
-LAYOUTS = ({"schedule", "prepare", "execute", "sample", "update"},  # the engine with a split runner
+LAYOUTS = ({"schedule", "prepare", "execute", "sample", "wait", "update"},  # a step read by get_output
+           {"schedule", "prepare", "execute", "sample", "update"},  # before: sample read the tokens
            {"schedule", "runner"},  # before: ModelRunner.run for prepare, execute and sample; update in step()
            {"schedule", "propose", "prepare", "execute", "verify", "update"})  # speculating
 
@@ -32,6 +33,7 @@ def test_every_phase_of_a_decode_step_is_timed():
     rows, summary = bench_step("tiny", [1, 4], steps=4, device="cpu")
     assert [(row["version"], row["batch"]) for row in rows] == [("working tree", 1), ("working tree", 4)]
     for row in rows:
+        assert row["phases"] == ["schedule", "prepare", "execute", "sample", "wait", "update"]
         check_phases(row)
         assert row["tokens_per_step"] == row["batch"]  # a token per request and step
     assert summary["vs_before"] == {}
@@ -124,3 +126,12 @@ def test_baseline_can_be_a_tree_exported_for_a_machine_without_git_history(tmp_p
     assert [row["version"] for row in rows] == [f"{tree} (baseline-abc1234)", "working tree"]
     assert set(summary["vs_before"]) == {"1"}
     assert sorted(p.relative_to(tree).as_posix() for p in tree.rglob("*")) == ["minillm", "minillm/__init__.py"]
+
+
+def test_async_scheduling_is_timed_by_the_same_phases():
+    """Each step queued before the one before is read: the phases of one call of step() are the next
+    step's schedule to sample and the step before's wait and update, a token per request still."""
+    rows, _ = bench_step("tiny", [2], steps=4, device="cpu", async_scheduling=True)
+    assert rows[0]["phases"] == ["schedule", "prepare", "execute", "sample", "wait", "update"]
+    check_phases(rows[0])
+    assert rows[0]["tokens_per_step"] == 2

@@ -177,3 +177,17 @@ def test_chapter_08_share_of_roof_from_clean_step_times(step, expected):
 def test_chapter_08_share_of_roof_too_noisy_on_a_busy_machine():
     # Three steps on a CPU (the chapter's sweep), one of them in a burst: 29% to 57% of the roof.
     assert conclusions.share_of_roof(1.0, [1.5, 2.0, 5.0]).endswith(NOISY_NOTE)
+
+
+# Chapter 08: async scheduling against the synchronous engine, ms per generated token.
+
+def test_chapter_08_async_scheduling_gain_from_clean_runs():
+    assert "faster, because the host's work" in conclusions.overlap_gain(steady(2.0), steady(1.4), on_gpu=True)
+    assert "slower" in conclusions.overlap_gain(steady(1.0), steady(1.3), on_gpu=True)
+    same = conclusions.overlap_gain(steady(1.0), steady(1.01), on_gpu=False)
+    assert "the same within 10%" in same and "on a CPU the host is the device" in same
+
+
+def test_chapter_08_async_scheduling_too_noisy_on_a_busy_machine():
+    sentence = conclusions.overlap_gain(busy(1.0, seed=1), busy(1.0, seed=2), on_gpu=True)
+    assert NOISY_NOTE in sentence and "faster" not in sentence and "slower" not in sentence

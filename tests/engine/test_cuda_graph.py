@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import ENGINE_FEATURES, step_until_done
 
 from minillm import LLM, SamplingParams
 from minillm.attention import BatchDescriptor
@@ -52,36 +53,14 @@ def tokens_and_logprobs(outs):
             for o in outs]
 
 
-# Each engine feature, on a budget that makes steps mix prompt chunks with decodes. "abort" aborts the first
+# Each engine feature (conftest.py), and speculation by each proposer. "abort" aborts the first
 # request in the middle of the run, while the others go on.
 FEATURES = {
-    "chunked": {},
-    "prefix cache": {"enable_prefix_caching": True, "block_size": 4},
-    "preemption": {"num_kv_blocks": 26, "block_size": 4},
-    "int8 cache": {"kv_cache_dtype": "int8"},
-    "abort": {},
+    **ENGINE_FEATURES,
     "ngram": {"speculative_config": {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}},
     "draft": {"speculative_config": {"model": "tiny-draft", "num_speculative_tokens": 3}},
 }
 ABORT_STEP = 3
-
-
-def generate(llm: LLM, prompts: list[dict], params: list[SamplingParams], abort: bool) -> dict:
-    """Each request's tokens and log-probabilities and how it finished, by request id, stepping the engine
-    as generate does; with abort, request "0" is aborted after step ABORT_STEP."""
-    engine = llm.llm_engine
-    for i, (prompt, p) in enumerate(zip(prompts, params)):
-        engine.add_request(str(i), prompt, p)
-    done = {}
-    while engine.has_unfinished_requests():
-        if abort and engine.num_steps == ABORT_STEP:
-            assert engine.scheduler.find("0") is not None, "request 0 finished before it could be aborted"
-            engine.abort_request("0")
-            done["0"] = "abort"
-        for out in engine.step():
-            if out.finished:
-                done[out.request_id] = (*tokens_and_logprobs([out])[0], out.outputs[0].finish_reason)
-    return done
 
 
 # Triton (interpreted) on the case whose steps take every shape (chunks, decodes, verifications, drafts),
@@ -109,11 +88,12 @@ def test_padded_steps_of_every_shape_generate_what_unpadded_ones_do(backend, fea
         lengths = [4, 8, 6]
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True, logprobs=1) for n in lengths]
     abort = "abort" in features
-    plain = generate(LLM("tiny", **args), prompts, params, abort)
+    abort_step = ABORT_STEP if abort else None
+    plain = step_until_done(LLM("tiny", **args), prompts, params, abort_step)
     llm = LLM("tiny", **args)
     shapes = padded(llm)
     with record(llm) as trace:
-        got = generate(llm, prompts, params, abort)
+        got = step_until_done(llm, prompts, params, abort_step)
     assert got.keys() == plain.keys() == {str(i) for i in range(count)}
     assert "preemption" not in features or any(event.preempted for event in trace.events)
     assert "prefix cache" not in features or any(s.num_cached_tokens for e in trace.events for s in e.seqs)
@@ -121,7 +101,7 @@ def test_padded_steps_of_every_shape_generate_what_unpadded_ones_do(backend, fea
     for request_id, ref in plain.items():
         if ref == "abort":
             continue
-        (tokens, logprobs, _), (ref_tokens, ref_logprobs, _) = got[request_id], ref
+        (tokens, logprobs, *_), (ref_tokens, ref_logprobs, *_) = got[request_id], ref
         assert tokens == ref_tokens
         # An int8 cache rounds each K/V row to 1/127 of its largest value: a padded matmul's last-bit
         # difference can move a value across a rounding boundary, a whole step of the quantization.

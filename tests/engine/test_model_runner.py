@@ -1,6 +1,6 @@
 """The runner's three parts on their own: `prepare` stages a step in the persistent buffers, `execute`
 gives logits at any positions asked for (several per sequence, as verifying drafted tokens needs),
-and `sample` hands back a list of tokens per sequence."""
+and `sample` queues the sampler, whose output hands back a list of tokens per sequence."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def test_several_positions_of_a_sequence_get_logits_and_tokens():
         model_input.logits_indices = [ends[0] - 3, ends[0] - 2, ends[0] - 1, ends[1] - 1]
         model_input.num_logits = [3, 1]
         logits = runner.execute(model_input)
-        output = runner.sample(logits, batch.seqs, model_input)
+        output = runner.sample(logits, batch.seqs, model_input).get_output()
     expected = sequence_logits(engine.model, PROMPTS)
     torch.testing.assert_close(logits[:3], expected[0][-3:], atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(logits[3], expected[1][-1], atol=1e-4, rtol=1e-4)

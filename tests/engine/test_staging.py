@@ -44,7 +44,7 @@ def test_no_pinned_memory_means_pageable_copies_and_pinning_can_be_turned_off(mo
         return torch.zeros(*args, **kwargs)
 
     monkeypatch.setattr(staging.torch, "empty", no_pinned_memory)
-    host, pinned = staging._host_tensor(torch.zeros(4), pin=True)
+    host, pinned = staging.host_tensor(torch.zeros(4), pin=True)
     assert not pinned and host.shape == (4,)
     assert staging.pinned_staging()
     monkeypatch.setenv("MINILLM_PINNED_STAGING", "0")

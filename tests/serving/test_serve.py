@@ -312,12 +312,13 @@ def test_serve_takes_every_engine_argument_by_vllms_flag():
     args = build_parser().parse_args([
         "serve", "tiny", "--port", "9000", "--max-num-seqs", "4", "--no-enable-prefix-caching", "--quantization",
         "int8", "--kv-cache-dtype", "int8", "--scheduling-policy", "fcfs", "--speculative-config",
-        '{"method": "ngram", "num_speculative_tokens": 2}', "--allowed-origins", '["https://app.example"]'])
+        '{"method": "ngram", "num_speculative_tokens": 2}', "--allowed-origins", '["https://app.example"]',
+        "--async-scheduling"])
     assert (args.model, args.host, args.port) == ("tiny", "127.0.0.1", 9000)
     assert (args.allowed_origins, args.allowed_methods, args.allow_credentials) == (
         ["https://app.example"], ["*"], False)
     assert engine_kwargs(args) == {"max_num_seqs": 4, "enable_prefix_caching": False, "quantization": "int8",
-                                   "kv_cache_dtype": "int8", "scheduling_policy": "fcfs"}
+                                   "kv_cache_dtype": "int8", "scheduling_policy": "fcfs", "async_scheduling": True}
     assert speculative_config(args) == {"method": "ngram", "num_speculative_tokens": 2}
 
 

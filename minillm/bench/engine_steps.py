@@ -1,0 +1,97 @@
+"""An engine stepped for a measurement: requests of random prompt tokens brought to their decode
+steps, and a step's time taken whole (from an idle device, or back to back where async scheduling
+overlaps steps), or its CUDA graph's alone (`bench decode`, `bench kernels`, `bench utilisation`,
+the step profiler)."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import torch
+
+from minillm.bench import timing
+from minillm.llm import LLM
+from minillm.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from minillm.engine.llm_engine import LLMEngine
+
+
+def random_prompt(vocab: int, length: int, seed: int) -> dict:
+    return {"prompt_token_ids": torch.randint(1, vocab, (length,), generator=torch.Generator().manual_seed(seed))
+            .tolist()}
+
+
+@contextlib.contextmanager
+def decoding(llm: LLM, batch: int, context: int, steps: int) -> Iterator[LLMEngine]:
+    """The engine with `batch` requests of `context` random prompt tokens, each past its prefill and
+    one decode step, that can take `steps` more pure decode steps; the requests are aborted at the end."""
+    engine = llm.llm_engine
+    vocab = engine.model_config.vocab_size
+    params = SamplingParams(temperature=0, max_tokens=steps + 8, ignore_eos=True)
+    ids = [f"decode-{batch}-{i}" for i in range(batch)]
+    for i, request_id in enumerate(ids):
+        engine.add_request(request_id, random_prompt(vocab, context, i), params)
+    try:
+        while any(seq.num_output_tokens == 0 for seq in engine.scheduler.running) or engine.scheduler.waiting:
+            engine.step()
+        engine.step()  # the first decode of this batch size may compile kernels
+        yield engine
+    finally:
+        for request_id in ids:
+            engine.abort_request(request_id)
+
+
+def _timed_step(engine: LLMEngine, from_idle: bool = True) -> float:
+    """Seconds of one engine step, from an idle device unless not from_idle."""
+    if from_idle and engine.device.type == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    engine.step()  # ends in sampled tokens read back to the host: a step is done on the device
+    return time.perf_counter() - start
+
+
+def decode_step_seconds(llm: LLM, batch: int, context: int, steps: int) -> tuple[list[float], float | None]:
+    """Seconds of each of `steps` pure decode steps of `batch` sequences whose contexts reach about `context`;
+    and the GPU seconds of the last one's graph replayed alone (None without one). With async
+    scheduling the steps run back to back: each one's time is then what it adds to the run."""
+    with decoding(llm, batch, context, steps) as engine:
+        from_idle = not engine.config.scheduler.async_scheduling
+        return [_timed_step(engine, from_idle) for _ in range(steps)], _replay_seconds(engine, batch)
+
+
+def _replay_seconds(engine: LLMEngine, batch: int) -> float | None:
+    """The decode graph of `batch` sequences replayed on the inputs its last step left in the buffers
+    (it stores the same K/V again and attends as that step did): the GPU's part of a step, without
+    the host's work around it, which a whole step waits for."""
+    graphs = engine.model_runner.cuda_graphs
+    graph = graphs.graphs.get(graphs.descriptor([1] * batch, [1] * batch)) if graphs is not None else None
+    return None if graph is None else timing.replay_time(graph)
+
+
+def prefill_seconds(llm: LLM, tokens: int) -> float:
+    engine = llm.llm_engine
+    params = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
+    times = []
+    for repeat in range(3):
+        engine.add_request(f"prefill-{tokens}-{repeat}", random_prompt(engine.model_config.vocab_size, tokens,
+                                                                          repeat), params)
+        start = time.perf_counter()
+        engine.step()
+        times.append(time.perf_counter() - start)
+    return sorted(times)[1]
+
+
+def mixed_step_seconds(llm: LLM, decodes: int, chunk: int, context: int, repeats: int = 5) -> float:
+    """Median seconds of a step that prefills a `chunk`-token prompt beside `decodes` sequences' decodes
+    (what continuous batching runs at each admission)."""
+    times = []
+    with decoding(llm, decodes, context, repeats + 2) as engine:
+        params = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)  # done in the step that prefills it
+        for i in range(repeats):
+            engine.add_request(f"mixed-{i}", random_prompt(engine.model_config.vocab_size, chunk, 100 + i), params)
+            times.append(_timed_step(engine))
+    return sorted(times)[len(times) // 2]
