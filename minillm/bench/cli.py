@@ -235,8 +235,7 @@ def add_bench_commands(sub: argparse._SubParsersAction, model_args: Callable[[ar
     dec.add_argument("--context", type=int_in(1), default=512, help="tokens already in each sequence's cache")
     dec.add_argument("--steps", type=int_in(1), default=10, help="decode steps timed per batch size")
     dec.add_argument("--prefill-lens", type=int_in(1), nargs="*", default=[128, 512, 2048, 8192])
-    dec.add_argument("--modes", nargs="+", default=["eager", "graphs", "async"], choices=["eager", "graphs", "async"],
-                     help="async: graphs with async scheduling, steps timed back to back")
+    dec.add_argument("--modes", nargs="+", default=["eager", "graphs", "async"], choices=["eager", "graphs", "async"])
     dec.add_argument("--shape", default=None, choices=list(SHAPES),
                      help="instead of --model: a Llama of this shape with random weights made on the device "
                           "(load_format='dummy'; nothing written but its config)")
@@ -270,13 +269,11 @@ def add_bench_commands(sub: argparse._SubParsersAction, model_args: Callable[[ar
     spec.add_argument("--num-tokens", type=int_in(1), default=128, help="generated per request")
     step.add_argument("--steps", type=int_in(1), default=50, help="decode steps timed per batch size")
     step.add_argument("--baseline", metavar="REV", default=None,
-                      help="also measure this git revision's engine (a temporary worktree), or that of a folder "
-                           "holding a revision's exported tree, and compare")
+                      help="also measure this git revision's engine (a worktree, or a folder of its tree), and compare")
     step.add_argument("--speculative-config", type=json_object, default=None, metavar="JSON",
                       help='every step speculates, e.g. \'{"model": "tiny-draft", "num_speculative_tokens": 4}\': '
                            "its phases are then propose, prepare, execute and verify")
-    step.add_argument("--async-scheduling", action="store_true",
-                      help="queue each step before reading the one before's tokens (engine/async_step.py)")
+    step.add_argument("--async-scheduling", action="store_true", help="queue each step before the last is read")
     _add_serve(bench_command("serve", "an OpenAI-compatible server under load over HTTP, streaming: TTFT, TPOT, "
                              "ITL, throughput and goodput at each request rate", _bench_serve))
 
