@@ -27,8 +27,9 @@ class LLM:
         model's dtype, or "int8": K and V quantized with a scale per token and head, paged cache only, about
         half the bytes of fp16); weight-only quantization of the decoder's linear layers: quantization
         (None, "int8" or "int4") and quant_group_size (int4: 32, 64 or 128). A folder written by
-        `minillm quantize` (models/quant_checkpoint.py), or by llm-compressor in compressed-tensors'
-        pack-quantized INT4 format (quant/compressed_tensors.py), loads already quantized. enforce_eager: False (the
+        `minillm quantize` (models/quant_checkpoint.py), by llm-compressor in compressed-tensors'
+        pack-quantized INT4 format (quant/compressed_tensors.py) or by AutoAWQ in its GEMM layout
+        (quant/awq.py), loads already quantized. enforce_eager: False (the
         default) replays steps as CUDA graphs on a GPU with the Triton backend, of every shape or of
         pure decodes alone (cudagraph_mode "FULL", the default, or "FULL_DECODE_ONLY"); True (or
         cudagraph_mode "NONE") runs every step eagerly, launch by launch (engine/cuda_graph.py).

@@ -1,8 +1,12 @@
-"""Shared fixtures. Tests never touch the Hugging Face Hub: random checkpoints are written locally."""
+"""Shared fixtures and checks. Tests never touch the Hugging Face Hub: random checkpoints are written locally."""
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TQDM_DISABLE", "1")
@@ -58,6 +62,68 @@ def make_hf_model(kind: str, seed: int = 0, weight_std: float = 0.2):
             p.normal_(0, weight_std)
     model.generation_config.eos_token_id = None  # random weights: never stop early
     return model
+
+
+def write_dequantized(quantized: Path, out: Path, packed: str, companions: tuple[str, ...],
+                      dequantize: Callable[[dict[str, torch.Tensor], str], torch.Tensor]) -> dict[str, torch.Tensor]:
+    """An unquantized float32 checkpoint of the weights a quantized checkpoint holds, in `out` with the
+    quantized one's other files: each layer's tensor named `packed` becomes its float32 `weight`,
+    dequantize(tensors, layer prefix), its `companions` (scales, zero points, shape) are dropped, and
+    every other tensor is cast to float32. Returns the dense tensors by name."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    with safe_open(str(quantized / "model.safetensors"), framework="pt") as f:
+        tensors = {name: f.get_tensor(name) for name in f.keys()}
+    dense = {}
+    for name, tensor in tensors.items():
+        prefix, _, kind = name.rpartition(".")
+        if kind == packed:
+            dense[f"{prefix}.weight"] = dequantize(tensors, prefix)
+        elif kind not in companions:
+            dense[name] = tensor.float()
+    out.mkdir()
+    for file in quantized.iterdir():
+        if file.suffix != ".safetensors":
+            shutil.copy(file, out / file.name)
+    config = json.loads((out / "config.json").read_text())
+    del config["quantization_config"]
+    config["dtype"] = config["torch_dtype"] = "float32"
+    (out / "config.json").write_text(json.dumps(config))
+    save_file(dense, str(out / "model.safetensors"), metadata={"format": "pt"})
+    return dense
+
+
+# A quantized checkpoint's engine, in float32 so that it and its dequantized twin choose alike.
+QUANT_ENGINE = dict(skip_tokenizer_init=True, dtype="float32", max_model_len=64, num_kv_blocks=16)
+
+
+def assert_loads_as_dense(quantized: Path, dense_folder: Path, dense: dict[str, torch.Tensor], group_size: int) -> None:
+    """The quantized checkpoint loads with every decoder projection int4 in groups of group_size,
+    holding exactly the weights (and biases) of `dense` (each checkpoint matrix in its rows of a
+    merged layer), and generates the greedy tokens of the dense checkpoint in dense_folder."""
+    from minillm import LLM, SamplingParams
+    from minillm.layers.quant_linear import QuantLinear
+    from minillm.quant.int4 import dequantize_int4
+
+    llm = LLM(str(quantized), **QUANT_ENGINE)
+    model = llm.llm_engine.model
+    layers = {name: m for name, m in model.named_modules() if isinstance(m, QuantLinear)}
+    assert len(layers) == 4 * model.config.num_hidden_layers
+    assert {(m.method, m.group_size) for m in layers.values()} == {("int4", group_size)}
+    for name, layer in layers.items():
+        parent, _, child = name.rpartition(".")
+        shards = sorted((index, ckpt) for ckpt, (merged, index) in model.packed_modules_mapping.items()
+                        if merged == child) or [(0, child)]
+        expected = torch.cat([dense[f"{parent}.{ckpt}.weight"] for _, ckpt in shards])
+        assert torch.equal(dequantize_int4(layer.qweight, layer.scales, layer.zeros, group_size), expected), name
+        if layer.bias is not None:
+            assert torch.equal(layer.bias, torch.cat([dense[f"{parent}.{ckpt}.bias"] for _, ckpt in shards])), name
+    prompts = [{"prompt_token_ids": [1, 5, 9, 2, 7]}, {"prompt_token_ids": [3, 3, 8, 40, 11, 2]}]
+    greedy = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+    tokens = [[o.outputs[0].token_ids for o in engine.generate(prompts, greedy, use_tqdm=False)]
+              for engine in (llm, LLM(str(dense_folder), **QUANT_ENGINE))]
+    assert tokens[0] == tokens[1]
 
 
 @pytest.fixture(scope="session")

@@ -36,8 +36,8 @@ class ModelConfig:
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     # A checkpoint saved by minillm.models.quant_checkpoint.save_quantized, or by another tool whose format
-    # maps onto minillm's (minillm/quant/compressed_tensors.py), holds its decoder already quantized;
-    # quant_method names the writer, as its quantization_config does ("minillm", "compressed-tensors").
+    # maps onto minillm's (minillm/quant/compressed_tensors.py, awq.py), holds its decoder already quantized;
+    # quant_method names the writer, as its quantization_config does ("minillm", "compressed-tensors", "awq").
     quantization: str | None = None
     quant_group_size: int | None = None
     quant_method: str | None = None

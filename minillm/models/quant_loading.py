@@ -7,7 +7,9 @@ tensor lands in its packed weights, scales and zero points:
   temporaries, not the unquantized model: an 8B model in bf16 (16 GB) loads into INT4 on a 16 GB GPU;
 - minillm's own (models/quant_checkpoint.py): `qweight`, `scales`, `zeros`, copied;
 - compressed-tensors' pack-quantized int4 (quant/compressed_tensors.py): `weight_packed` repacked,
-  `weight_scale` with zero points of 8, `weight_shape` checked.
+  `weight_scale` with zero points of 8, `weight_shape` checked;
+- AutoAWQ's GEMM layout (quant/awq.py): `qweight` and `qzeros` unpacked from AWQ's order and
+  transposed, `scales` transposed.
 
 Quantization works row by row and every quantized tensor has the output channels first, so each of
 a merged layer's checkpoint matrices (q, k, v) is quantized on its own and goes into its own rows:
@@ -22,6 +24,8 @@ import torch
 
 from minillm.layers.linear import shard_range
 from minillm.layers.quant_linear import QuantLinear
+from minillm.quant.awq import QUANT_METHOD as AWQ
+from minillm.quant.awq import awq_to_int4, awq_zeros
 from minillm.quant.compressed_tensors import QUANT_METHOD as COMPRESSED_TENSORS
 from minillm.quant.compressed_tensors import ZERO_POINT, unpack_int32_to_int4
 from minillm.quant.int4 import quantize_int4
@@ -40,6 +44,8 @@ def quant_readers(layer: QuantLinear, quant_method: str | None) -> dict[str, Rea
         readers = {"weight": _quantize}
     elif quant_method == COMPRESSED_TENSORS:
         readers = {"weight_packed": _read_packed, "weight_scale": _read_scales, "weight_shape": _check_shape}
+    elif quant_method == AWQ:
+        readers = {"qweight": _read_awq_qweight, "qzeros": _read_awq_zeros, "scales": _read_awq_scales}
     else:
         names = ("qweight", "scales") + (("zeros",) if layer.zeros is not None else ())
         readers = {name: _copy_into(name) for name in names}
@@ -91,3 +97,21 @@ def _check_shape(layer: QuantLinear, loaded: torch.Tensor, shard: int | None) ->
     expected = _shape(layer, shard, layer.in_features)
     if loaded.tolist() != list(expected):
         raise ValueError(f"says the weight is {loaded.tolist()}, but config.json implies {list(expected)}")
+
+
+def _read_awq_qweight(layer: QuantLinear, loaded: torch.Tensor, shard: int | None) -> None:
+    rows, columns = _shape(layer, shard, layer.in_features)
+    _check(loaded, (columns, rows // 8))  # transposed: inputs first
+    layer.weight_loader(layer.qweight, awq_to_int4(loaded), shard)
+
+
+def _read_awq_zeros(layer: QuantLinear, loaded: torch.Tensor, shard: int | None) -> None:
+    rows, groups = _shape(layer, shard, layer.in_features // layer.group_size)
+    _check(loaded, (groups, rows // 8))
+    layer.weight_loader(layer.zeros, awq_zeros(loaded), shard)
+
+
+def _read_awq_scales(layer: QuantLinear, loaded: torch.Tensor, shard: int | None) -> None:
+    rows, groups = _shape(layer, shard, layer.in_features // layer.group_size)
+    _check(loaded, (groups, rows))
+    layer.weight_loader(layer.scales, loaded.T, shard)

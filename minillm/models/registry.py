@@ -17,6 +17,8 @@ from torch import nn
 from minillm.config.model import ModelConfig
 from minillm.models.llama import LlamaForCausalLM
 from minillm.quant import INT4_GROUP_SIZES, QUANTIZATION_METHODS
+from minillm.quant.awq import QUANT_METHOD as AWQ
+from minillm.quant.awq import read_awq_config
 from minillm.quant.compressed_tensors import QUANT_METHOD as COMPRESSED_TENSORS
 from minillm.quant.compressed_tensors import read_compressed_tensors_config
 
@@ -113,17 +115,20 @@ def model_config_from_hf(raw: dict, eos_token_id=None, source: str = "config") -
 
 def _read_quantization(raw: dict, source: str) -> tuple[str | None, int | None, str | None]:
     """(quantization, group size, quant_method) of a checkpoint's `quantization_config`: minillm's own
-    (see models/quant_checkpoint.py) or compressed-tensors' int4 (see quant/compressed_tensors.py);
-    other formats (GPTQ, AWQ, ...) pack their weights differently and are refused rather than misread."""
+    (see models/quant_checkpoint.py), compressed-tensors' int4 (see quant/compressed_tensors.py) or
+    AutoAWQ's GEMM layout (see quant/awq.py); other formats (GPTQ, bitsandbytes, ...) pack their
+    weights differently and are refused rather than misread."""
     qc = raw.get("quantization_config")
     if qc is None:
         return None, None, None
     if qc.get("quant_method") == COMPRESSED_TENSORS:
         return "int4", read_compressed_tensors_config(qc, source), COMPRESSED_TENSORS
+    if qc.get("quant_method") == AWQ:
+        return "int4", read_awq_config(qc, source), AWQ
     if qc.get("quant_method") != "minillm":
         raise ValueError(f"unsupported quantization_config {qc.get('quant_method')!r} in {source}: minillm reads "
-                         f"checkpoints it quantized itself and {COMPRESSED_TENSORS!r} int4 ones; load the "
-                         "unquantized model with quantization=...")
+                         f"checkpoints it quantized itself, {COMPRESSED_TENSORS!r} int4 ones and {AWQ!r} GEMM ones; "
+                         "load the unquantized model with quantization=...")
     method, group_size = qc.get("quantization"), qc.get("group_size")
     if method not in QUANTIZATION_METHODS or (method == "int4" and group_size not in INT4_GROUP_SIZES):
         raise ValueError(f"quantization_config in {source} must give a quantization in {QUANTIZATION_METHODS} "

@@ -7,19 +7,14 @@ from __future__ import annotations
 import copy
 import json
 import re
-import shutil
 
 import pytest
 import torch
-from safetensors import safe_open
-from safetensors.torch import save_file
+from conftest import assert_loads_as_dense, write_dequantized
 from transformers import AutoModelForCausalLM
 
-from minillm import LLM, SamplingParams
-from minillm.layers.quant_linear import QuantLinear
 from minillm.models.loader import SHIPPED_MODELS
 from minillm.models.registry import model_config_from_hf
-from minillm.quant.int4 import dequantize_int4
 
 ct = pytest.importorskip("compressed_tensors")
 from compressed_tensors.compressors import ModelCompressor  # noqa: E402
@@ -32,10 +27,6 @@ from compressed_tensors.quantization import (  # noqa: E402
 )
 from compressed_tensors.quantization.utils import calculate_qparams  # noqa: E402
 from compressed_tensors.utils import update_offload_parameter  # noqa: E402
-
-GREEDY = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
-ENGINE = dict(skip_tokenizer_init=True, dtype="float32", max_model_len=64, num_kv_blocks=16)
-PROMPTS = [{"prompt_token_ids": [1, 5, 9, 2, 7]}, {"prompt_token_ids": [3, 3, 8, 40, 11, 2]}]
 
 
 def write_compressed_tensors(model: torch.nn.Module, out, group_size: int) -> None:
@@ -57,35 +48,12 @@ def write_compressed_tensors(model: torch.nn.Module, out, group_size: int) -> No
     compressor.update_config(str(out))
 
 
-def write_dequantized(compressed, out) -> dict[str, torch.Tensor]:
-    """The compressed checkpoint with each layer's int4 weights unpacked by the library and multiplied
-    by their scales in float32: an unquantized float32 checkpoint of the same weights."""
-    with safe_open(str(compressed / "model.safetensors"), framework="pt") as f:
-        tensors = {name: f.get_tensor(name) for name in f.keys()}
-    dense = {}
-    for name, tensor in tensors.items():
-        prefix, _, kind = name.rpartition(".")
-        if kind == "weight_packed":
-            shape = torch.Size(tensors[f"{prefix}.weight_shape"].tolist())
-            levels = unpack_from_int32(tensor, 4, shape).float()
-            scale = tensors[f"{prefix}.weight_scale"].float()
-            dense[f"{prefix}.weight"] = levels * scale.repeat_interleave(shape[1] // scale.shape[1], dim=1)
-        elif kind not in ("weight_scale", "weight_shape"):
-            dense[name] = tensor.float()
-    out.mkdir()
-    for file in compressed.iterdir():
-        if file.suffix != ".safetensors":
-            shutil.copy(file, out / file.name)
-    config = json.loads((out / "config.json").read_text())
-    del config["quantization_config"]
-    config["dtype"] = config["torch_dtype"] = "float32"
-    (out / "config.json").write_text(json.dumps(config))
-    save_file(dense, str(out / "model.safetensors"), metadata={"format": "pt"})
-    return dense
-
-
-def tokens(llm: LLM) -> list[list[int]]:
-    return [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY, use_tqdm=False)]
+def dequantize(tensors: dict[str, torch.Tensor], layer: str) -> torch.Tensor:
+    """A layer's weight from its int4 levels as the library unpacks them, times their scales in float32."""
+    shape = torch.Size(tensors[f"{layer}.weight_shape"].tolist())
+    levels = unpack_from_int32(tensors[f"{layer}.weight_packed"], 4, shape).float()
+    scale = tensors[f"{layer}.weight_scale"].float()
+    return levels * scale.repeat_interleave(shape[1] // scale.shape[1], dim=1)
 
 
 @pytest.mark.parametrize("source, group_size", [("llama_bias", 32), ("tiny", 128)])
@@ -96,23 +64,10 @@ def test_a_compressed_tensors_checkpoint_loads_as_the_weights_it_holds(hf_checkp
     else:
         model = copy.deepcopy(hf_checkpoint(source)[0])  # the library quantizes the model in place
     write_compressed_tensors(model, tmp_path / "ct", group_size)
-    dense = write_dequantized(tmp_path / "ct", tmp_path / "dense")
+    dense = write_dequantized(tmp_path / "ct", tmp_path / "dense", "weight_packed", ("weight_scale", "weight_shape"),
+                              dequantize)
 
-    quantized = LLM(str(tmp_path / "ct"), **ENGINE)
-    engine_model = quantized.llm_engine.model
-    layers = {name: m for name, m in engine_model.named_modules() if isinstance(m, QuantLinear)}
-    assert len(layers) == 4 * quantized.llm_engine.model_config.num_hidden_layers
-    assert {(m.method, m.group_size) for m in layers.values()} == {("int4", group_size)}
-    # Exactly the library's weights (and the biases), each checkpoint matrix in its rows of a merged layer.
-    for name, layer in layers.items():
-        parent, _, child = name.rpartition(".")
-        shards = sorted((index, ckpt) for ckpt, (merged, index) in engine_model.packed_modules_mapping.items()
-                        if merged == child) or [(0, child)]
-        expected = torch.cat([dense[f"{parent}.{ckpt}.weight"] for _, ckpt in shards])
-        assert torch.equal(dequantize_int4(layer.qweight, layer.scales, layer.zeros, group_size), expected), name
-        if layer.bias is not None:
-            assert torch.equal(layer.bias, torch.cat([dense[f"{parent}.{ckpt}.bias"] for _, ckpt in shards])), name
-    assert tokens(quantized) == tokens(LLM(str(tmp_path / "dense"), **ENGINE))
+    assert_loads_as_dense(tmp_path / "ct", tmp_path / "dense", dense, group_size)
 
 
 COMPRESSED = {
