@@ -34,9 +34,6 @@ import torch
 
 from minillm.kernels.targets import TARGETS, GPUSpec, aot_target
 
-_TYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", torch.int32: "i32",
-          torch.int64: "i64", torch.int8: "i8", torch.uint8: "u8"}
-
 
 @dataclass(frozen=True)
 class Launch:
@@ -44,6 +41,7 @@ class Launch:
     signature: tuple[tuple[str, str], ...]  # (argument, Triton type or "constexpr")
     constexprs: tuple[tuple[str, object], ...]
     options: tuple[tuple[str, int], ...]  # num_warps, num_stages where the launcher sets them
+    aligned: tuple[str, ...] = ()  # arguments compiled as multiples of 16 (pointers: 16-byte aligned)
 
 
 @dataclass
@@ -77,22 +75,27 @@ def record_launches() -> Iterator[list[tuple]]:
 
 
 def _launch(fn, args: tuple, kwargs: dict) -> Launch:
+    """The launch as Triton's JIT compiles it on a GPU, specialized by Triton's own binder: an integer
+    argument of 1 and a None become constants, and a pointer aligned to 16 bytes or an integer that
+    is a multiple of 16 is compiled as one. The last matters: only then can a load of contiguous
+    elements be vectorized, which changes the code, its registers and its shared memory."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import make_backend
+    from triton.runtime.jit import create_function_from_signature
+
     kwargs = dict(kwargs)
     options = tuple((k, kwargs.pop(k)) for k in ("num_warps", "num_stages") if k in kwargs)
-    values = {**dict(zip(fn.arg_names, args)), **kwargs}
-    signature, constexprs = [], []
-    for param in fn.params:
-        value = values[param.name]
-        if param.is_constexpr or value is None:
-            signature.append((param.name, "constexpr"))
+    # The specialization is the same for every NVIDIA target.
+    binder = create_function_from_signature(fn.signature, fn.params, make_backend(GPUTarget("cuda", 80, 32)))
+    _, specialization, _ = binder(*args, **kwargs)
+    signature, constexprs, aligned = [], [], []
+    for param, (kind, value) in zip(fn.params, specialization):
+        signature.append((param.name, kind))
+        if kind == "constexpr":
             constexprs.append((param.name, value))
-        elif isinstance(value, torch.Tensor):
-            signature.append((param.name, "*" + _TYPES[value.dtype]))
-        elif isinstance(value, float):
-            signature.append((param.name, "fp32"))
-        else:
-            signature.append((param.name, "i64" if abs(value) >= 2 ** 31 else "i32"))
-    return Launch(fn.__name__, tuple(signature), tuple(constexprs), options)
+        elif value == "D":
+            aligned.append(param.name)
+    return Launch(fn.__name__, tuple(signature), tuple(constexprs), options, tuple(aligned))
 
 
 def engine_launches(target: GPUSpec, everything: bool) -> dict[Launch, object]:
@@ -186,7 +189,8 @@ def compile_launch(fn, launch: Launch, target: GPUSpec) -> Compiled:
     from triton.knobs import nvidia
 
     index = {name: i for i, name in enumerate(fn.arg_names)}
-    source = ASTSource(fn, dict(launch.signature), {(index[k],): v for k, v in launch.constexprs})
+    source = ASTSource(fn, dict(launch.signature), {(index[k],): v for k, v in launch.constexprs},
+                       {(index[k],): [["tt.divisibility", 16]] for k in launch.aligned})
     log = io.StringIO()
     # Triton runs ptxas with -v; its report (registers, spills) is printed when asked for.
     with mock.patch.object(nvidia, "dump_ptxas_log", True), contextlib.redirect_stdout(log):

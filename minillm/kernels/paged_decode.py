@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from minillm.kernels import check_kv_layout, dot_precision
-from minillm.kernels.targets import GPUSpec, first_fitting, launch_target, shared_bytes_bound
+from minillm.kernels.targets import GPUSpec, first_fitting, launch_target, shared_bytes_estimate
 from minillm.kernels.tiles import LOG2E, load_kv_tile, online_softmax_step
 
 
@@ -115,7 +115,7 @@ def decode_tile(target: GPUSpec | None, partition_size: int, group_pad: int, dim
         return tiles[0]
     if target.capability < 90:
         tiles = [n for n in tiles if n <= 32]
-    return first_fitting(target, tiles, lambda n: shared_bytes_bound(target, group_pad + 2 * n, dim_pad,
+    return first_fitting(target, tiles, lambda n: shared_bytes_estimate(target, group_pad + 2 * n, dim_pad,
                                                                      element_size))
 
 

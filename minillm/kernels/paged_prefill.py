@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 
 from minillm.kernels import check_kv_layout, dot_precision
-from minillm.kernels.targets import GPUSpec, first_fitting, launch_target, shared_bytes_bound
+from minillm.kernels.targets import GPUSpec, first_fitting, launch_target, shared_bytes_estimate
 from minillm.kernels.tiles import LOG2E, load_kv_tile, online_softmax_step
 
 
@@ -106,9 +106,10 @@ def _ragged_attention_kernel(
 # (BLOCK_M, BLOCK_N, warps) for 16-bit inputs by architecture, largest first: on Hopper 64 x 64 on 4
 # warps, the fastest of eight tilings on an H100 (BENCHMARKS.md); before it, the largest tiles that
 # the compiler fits in registers without spilling (ptxas's report, `kernels/aot.py`, head dims 64 to
-# 128, both block sizes, the int8 cache), where 64 x 64 on 4 warps spilled 33 KB a thread on a T4
-# and 300-400 bytes on an A100 or an L4.
+# 128, both block sizes, the int8 cache). On an RTX 30/40 or an L4, 32 x 32 tiles on 8 warps spill
+# (ptxas gives them 80 registers a thread there); on 4 warps they do not.
 _TILINGS = {90: [(64, 64, 4), (64, 32, 4), (32, 32, 4), (16, 16, 4)],
+            86: [(64, 32, 8), (32, 32, 4), (16, 16, 4)],
             80: [(64, 32, 8), (32, 32, 8), (16, 16, 4)],
             75: [(64, 16, 8), (32, 16, 8), (16, 16, 4)]}
 
@@ -129,7 +130,7 @@ def ragged_tiles(target: GPUSpec | None, group: int, max_query_len: int, dim_pad
     else:
         sizes = _TILINGS[max(c for c in _TILINGS if c <= target.capability)]
     candidates = [t for t in sizes if group_pad <= t[0] <= rows] or [(group_pad, 16, 4)]
-    return first_fitting(target, candidates, lambda t: shared_bytes_bound(target, t[0] + 2 * t[1], dim_pad,
+    return first_fitting(target, candidates, lambda t: shared_bytes_estimate(target, t[0] + 2 * t[1], dim_pad,
                                                                           element_size))
 
 

@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from minillm.kernels.quant_tiles import dot_level_offset, dot_tile, finish_rows, float_levels
-from minillm.kernels.targets import GPUSpec, first_fitting, launch_target, shared_bytes_bound
+from minillm.kernels.targets import GPUSpec, first_fitting, launch_target, shared_bytes_estimate
 
 # tl.dot's smallest row tile on the GPU is 16, so up to 16 rows cost one pass over the weights, the
 # same as one row. And at 16 rows a weight still does little arithmetic per byte read (2 * 16 flops
@@ -119,7 +119,7 @@ def gemv_tiles(target: GPUSpec | None, rows: int, int4: bool, group_size: int, e
         # (ptxas's report, `kernels/aot.py`); 32 x 64 tiles spill nothing.
         return 32, min(64, block_k)
     block_n = first_fitting(target, [64, 32],
-                            lambda n: shared_bytes_bound(target, GEMV_MAX_ROWS + n, block_k, element_size))
+                            lambda n: shared_bytes_estimate(target, GEMV_MAX_ROWS + n, block_k, element_size))
     return block_n, block_k
 
 

@@ -29,7 +29,7 @@ import triton.language as tl
 from minillm.kernels import dot_precision
 from minillm.kernels.quant_gemv import GEMV_MAX_ROWS, gemv
 from minillm.kernels.quant_tiles import dot_level_offset, dot_tile, store_rows
-from minillm.kernels.targets import GPUSpec, first_fitting, launch_target, shared_bytes_bound
+from minillm.kernels.targets import GPUSpec, first_fitting, launch_target, shared_bytes_estimate
 
 PATHS = ("auto", "gemv", "gemm")
 INPUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -70,7 +70,7 @@ def gemm_tiles(target: GPUSpec | None, int4: bool, group_size: int, element_size
         # KB (ptxas's report, `kernels/aot.py`); 64 x 64 x 32 tiles spill nothing.
         block_n, block_k = 64, 32
     stages = first_fitting(target, [3, 2, 1],
-                           lambda s: shared_bytes_bound(target, s * block_m + block_n, block_k, element_size))
+                           lambda s: shared_bytes_estimate(target, s * block_m + block_n, block_k, element_size))
     return block_m, block_n, block_k, stages
 
 

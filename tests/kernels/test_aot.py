@@ -60,24 +60,16 @@ def test_every_launch_fits_every_gpu(compiled):
     assert {("A100", kernel, split) for kernel in kernels for split in (False, True)} <= gemv
 
 
-def test_16_bit_launches_keep_their_registers_where_they_spilled(compiled):
-    """ptxas's report: the launches whose tiles were sized for it spill no registers to local memory.
-    Before Hopper, the ragged attention kernel (64 x 64 tiles on 4 warps spilled 33 KB a thread on a
-    T4 and 300-400 bytes on an A100 or an L4; on an H100 that tiling spills a few hundred bytes and
-    was still the fastest measured there); on a T4, the quantized matmuls (2.5-4.5 KB) and split-KV
-    decode (0.8-1.8 KB with 64-token tiles on 4 warps)."""
-    def sized(r: dict) -> bool:
-        types = r["config"].split()[0]  # the pointers' types: "*fp16/*fp32" is an int8 KV cache's or split-K's
-        if r["kernel"] == "_ragged_attention_kernel":
-            return r["target"] != "H100" and types in ("*fp16", "*bf16")
-        return (r["kernel"] in ("_gemv_kernel", "_gemm_kernel", "_decode_partition_kernel") and r["target"] == "T4"
-                and "*fp16" in types)
-
-    rows = [r for r in compiled if sized(r)]
-    assert {(r["target"], r["kernel"]) for r in rows} >= {("T4", "_gemv_kernel"), ("T4", "_gemm_kernel"),
-                                                          ("T4", "_decode_partition_kernel"),
-                                                          *((t, "_ragged_attention_kernel") for t in
-                                                            ("T4", "A100", "RTX 3090", "L4"))}
+def test_no_16_bit_launch_spills_registers(compiled):
+    """ptxas's report, for the code a GPU runs (Triton's specialization of aligned arguments, which
+    vectorizes the loads): no fp16 or bf16 launch on any of the five GPUs spills registers to local
+    memory. The launchers' tiles per architecture keep it so: on an RTX 3090 or an L4, for one, the
+    ragged attention kernel's 32 x 32 tiles spill on 8 warps and not on 4. (The fp32 launches, for
+    exactness checks, may spill.)"""
+    rows = [r for r in compiled if "*fp32" != r["config"].split()[0]]
+    assert {r["target"] for r in rows} == {"T4", "A100", "RTX 3090", "L4", "H100"}
+    assert {"_ragged_attention_kernel", "_decode_partition_kernel", "_gemv_kernel", "_gemm_kernel",
+            "_gemv_row_kernel"} <= {r["kernel"] for r in rows}
     assert all(r["registers"] is not None for r in rows)  # compiled here, not read from a cache
     spills = [f"{r['target']} {r['kernel']} {r['config']}: {r['spilled_bytes']} bytes" for r in rows
               if r["spilled_bytes"]]
