@@ -74,7 +74,7 @@ def record_launches() -> Iterator[list[tuple]]:
         yield records
 
 
-def _launch(fn, args: tuple, kwargs: dict) -> Launch:
+def launch_of(fn, args: tuple, kwargs: dict) -> Launch:
     """The launch as Triton's JIT compiles it on a GPU, specialized by Triton's own binder: an integer
     argument of 1 and a None become constants, and a pointer aligned to 16 bytes or an integer that
     is a multiple of 16 is compiled as one. The last matters: only then can a load of contiguous
@@ -168,7 +168,7 @@ def engine_launches(target: GPUSpec, everything: bool) -> dict[Launch, object]:
                 norms = dict(q_norm_weight=table[0], k_norm_weight=table[0], eps=1e-6) if qk_norm else {}
                 fused_rotary_store_kvcache(torch.arange(3), q, k, v, table, pool, pool.clone(),
                                            torch.tensor([1, 2, -1], dtype=torch.int32), **norms, **scales)
-    launches = {_launch(fn, args, kwargs): fn for fn, args, kwargs in records}
+    launches = {launch_of(fn, args, kwargs): fn for fn, args, kwargs in records}
     if everything:
         return launches
     return {launch: fn for launch, fn in launches.items() if launch.kernel in TILED_KERNELS + LAYER_KERNELS}
@@ -182,7 +182,8 @@ LAYER_KERNELS = ("_rms_norm_kernel", "_fused_add_rms_norm_kernel", "_silu_and_mu
                  "_fused_rotary_store_kvcache_kernel")
 
 
-def compile_launch(fn, launch: Launch, target: GPUSpec) -> Compiled:
+def compiled_kernel(fn, launch: Launch, target: GPUSpec, log: io.StringIO | None = None):
+    """Triton's compiled kernel of the launch for the target (PTX, cubin); log: ptxas's report."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -191,11 +192,14 @@ def compile_launch(fn, launch: Launch, target: GPUSpec) -> Compiled:
     index = {name: i for i, name in enumerate(fn.arg_names)}
     source = ASTSource(fn, dict(launch.signature), {(index[k],): v for k, v in launch.constexprs},
                        {(index[k],): [["tt.divisibility", 16]] for k in launch.aligned})
-    log = io.StringIO()
     # Triton runs ptxas with -v; its report (registers, spills) is printed when asked for.
-    with mock.patch.object(nvidia, "dump_ptxas_log", True), contextlib.redirect_stdout(log):
-        kernel = triton.compile(source, target=GPUTarget("cuda", target.capability, 32),
-                                options=dict(launch.options))
+    with mock.patch.object(nvidia, "dump_ptxas_log", log is not None), contextlib.redirect_stdout(log or io.StringIO()):
+        return triton.compile(source, target=GPUTarget("cuda", target.capability, 32), options=dict(launch.options))
+
+
+def compile_launch(fn, launch: Launch, target: GPUSpec) -> Compiled:
+    log = io.StringIO()
+    kernel = compiled_kernel(fn, launch, target, log)
     registers = re.search(r"Used (\d+) registers", log.getvalue())
     spills = [int(n) for n in re.findall(r"(\d+) bytes spill stores", log.getvalue())]
     config = ", ".join(f"{k}={v}" for k, v in launch.constexprs + launch.options

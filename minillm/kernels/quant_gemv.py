@@ -4,11 +4,15 @@ whole weight, each weight byte read once for all the rows.
 One program per block of output channels and per slice of the inputs (split-K), holding every row.
 2 to 16 rows take one tl.dot per tile, on fp16 levels whose offset, zero point and scale are applied
 once per tile (`quant_tiles.py`). A single row has its own kernel (`_gemv_row_kernel`) on the plain
-ALUs, where a weight costs one bitwise operation and one fp32 multiply-add: products are reduced
-across threads once per tile (which lies in one group), and the group's scale and zero point applied
-to that sum. Split-K is one launch: the last slice of each output block to finish adds the slices'
-partial sums in a fixed order, so results do not vary from run to run (greedy decoding stays
-reproducible) and a decode step has no extra reduction launch per matmul.
+ALUs, where an int4 weight costs a shift, one bitwise operation and one fp32 multiply-add, and an
+int8 weight one bitwise operation and a multiply-add; each thread sums its own products, and the
+rows are reduced across threads once, after the loop. At batch 1 such a kernel is bound by the
+instructions it issues as much as by memory: an H100 issues about 33 T lane-instructions a second,
+so reading 2.4 TB/s leaves at most about 14 instructions a byte (`python -m minillm.kernels.sass`
+counts the loop's: 8.4 for int4, 13.8 before its words and per-thread sums). Split-K is one
+launch: the last slice of each output block to finish adds the slices' partial sums in a fixed
+order, so results do not vary from run to run (greedy decoding stays reproducible) and a decode
+step has no extra reduction launch per matmul.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from minillm.kernels.quant_tiles import dot_level_offset, dot_tile, finish_rows, float_levels
+from minillm.kernels.quant_tiles import dot_level_offset, dot_tile, finish_rows, float_levels, word_level
 from minillm.kernels.targets import GPUSpec, first_fitting, launch_target, shared_bytes_estimate
 
 # tl.dot's smallest row tile on the GPU is 16, so up to 16 rows cost one pass over the weights, the
@@ -70,22 +74,36 @@ def _gemv_row_kernel(x_ptr, w_ptr, scales_ptr, zeros_ptr, bias_ptr, out_ptr, par
     start = split * tiles_per_split * BLOCK_K
     end = tl.minimum(K, start + tiles_per_split * BLOCK_K)
     if INT4:
-        # A byte holds inputs 2j and 2j + 1, so a tile of BLOCK_K inputs is BLOCK_K // 2 bytes, each
-        # multiplied by an even and an odd input. The tile lies in one group (BLOCK_K divides
-        # GROUP_SIZE, and K is a multiple of it): its sum takes the group's scale and zero point.
-        acc = tl.zeros([BLOCK_N], tl.float32)
+        # w_ptr holds int32 words, [N, K // 8]: word j of a row holds inputs 8j .. 8j + 7 in its
+        # nibbles, low bits first (the packed bytes, read four at a time). Each thread keeps a sum
+        # per row and word of its tile, and the rows are reduced across threads once, at the end: a
+        # weight costs a shift, a bitwise operation and a multiply-add, and nothing moves between
+        # threads inside the loop. The tile lies in one group (BLOCK_K divides GROUP_SIZE, and K is a
+        # multiple of it): its scale and zero point are applied to each word's sum of 8 products.
+        WORDS: tl.constexpr = BLOCK_K // 8
+        offs_j = tl.arange(0, WORDS)
+        acc2 = tl.zeros([BLOCK_N, WORDS], tl.float32)
         for k0 in range(start, end, BLOCK_K):
-            packed = tl.load(w_ptr + rows + k0 // 2 + tl.arange(0, BLOCK_K // 2)[None, :], mask=mask_n[:, None],
-                             other=0).to(tl.int32)
-            x_even = tl.load(x_ptr + k0 + 2 * tl.arange(0, BLOCK_K // 2)).to(tl.float32)
-            x_odd = tl.load(x_ptr + k0 + 1 + 2 * tl.arange(0, BLOCK_K // 2)).to(tl.float32)
-            products = tl.sum(float_levels(packed & 0xF, 4) * x_even[None, :]
-                              + float_levels(packed >> 4, 4) * x_odd[None, :], 1)
+            w = tl.load(w_ptr + rows + (k0 // 8 + offs_j)[None, :], mask=mask_n[:, None], other=0)
+            x = tl.load(x_ptr + k0 + tl.arange(0, BLOCK_K)).to(tl.float32)
+            # Input 8j + 4a + 2b + c of the tile, for each nibble i = 4a + 2b + c: split c, b, then a.
+            c0, c1 = tl.split(tl.reshape(x, [WORDS, 2, 2, 2]))
+            b00, b01 = tl.split(c0)
+            b10, b11 = tl.split(c1)
+            x0, x4 = tl.split(b00)
+            x2, x6 = tl.split(b01)
+            x1, x5 = tl.split(b10)
+            x3, x7 = tl.split(b11)
+            sums = (word_level(w, 0) * x0[None, :] + word_level(w, 1) * x1[None, :]
+                    + word_level(w, 2) * x2[None, :] + word_level(w, 3) * x3[None, :]
+                    + word_level(w, 4) * x4[None, :] + word_level(w, 5) * x5[None, :]
+                    + word_level(w, 6) * x6[None, :] + word_level(w, 7) * x7[None, :])
             group = k0 // GROUP_SIZE
             scale = tl.load(scales_ptr + offs_n * stride_sn + group, mask=mask_n, other=0.0).to(tl.float32)
             zero = tl.load(zeros_ptr + offs_n * stride_sn + group, mask=mask_n, other=0.0).to(tl.float32)
-            acc += (products - tl.sum(x_even + x_odd, 0) * (zero + 16)) * scale
-        acc = acc[None, :]
+            x_sums = tl.sum(tl.reshape(x, [WORDS, 8]), 1)
+            acc2 += (sums - (zero + 16)[:, None] * x_sums[None, :]) * scale[:, None]
+        acc = tl.sum(acc2, 1)[None, :]
     else:
         # int8: one scale per row, applied when the rows are stored, so products are summed
         # elementwise over the whole slice and reduced across threads once, at the end. A level q
@@ -104,23 +122,26 @@ def _gemv_row_kernel(x_ptr, w_ptr, scales_ptr, zeros_ptr, bias_ptr, out_ptr, par
                 tl.full([1], 1, tl.int1), mask_n, 0, split, num_splits, stride_split, INT4, HAS_BIAS, SPLIT)
 
 
-def gemv_tiles(target: GPUSpec | None, rows: int, int4: bool, group_size: int, element_size: int) -> tuple[int, int]:
-    """(BLOCK_N, BLOCK_K) of the gemv path on `target` (None: the interpreter), a tile lying in one
-    int4 group. The sizes are the fastest of a sweep on an H100 (BENCHMARKS.md). The one-row kernel
-    holds its tiles in registers; the tl.dot kernel stages x's rows and the weight tile in shared
-    memory for the tensor cores, and takes narrower tiles where a GPU has too little of it."""
+def gemv_tiles(target: GPUSpec | None, rows: int, int4: bool, group_size: int,
+               element_size: int) -> tuple[int, int, int]:
+    """(BLOCK_N, BLOCK_K, warps) of the gemv path on `target` (None: the interpreter), a tile lying
+    in one int4 group. The one-row kernel holds its tiles in registers: int8's sizes are the fastest
+    of a sweep on an H100 (BENCHMARKS.md); int4's give each thread 8 rows of 4 words, so that the
+    inputs it converts serve 8 rows (`python -m minillm.kernels.sass` counts what its loop issues).
+    The tl.dot kernel stages x's rows and the weight tile in shared memory for the tensor cores, and
+    takes narrower tiles where a GPU has too little of it."""
     block_k = min(128, group_size) if int4 else (128 if rows > 1 else 256)
     if rows == 1:
-        return (64 if int4 else 16), block_k
+        return (128, block_k, 2) if int4 else (16, block_k, 4)
     if target is None:
-        return 64, block_k
+        return 64, block_k, 4
     if target.capability < 80:
         # On a T4 the compiler fits 64 x 128 tiles in 64 registers a thread and spills 2.5-2.8 KB
         # (ptxas's report, `kernels/aot.py`); 32 x 64 tiles spill nothing.
-        return 32, min(64, block_k)
+        return 32, min(64, block_k), 4
     block_n = first_fitting(target, [64, 32],
                             lambda n: shared_bytes_estimate(target, GEMV_MAX_ROWS + n, block_k, element_size))
-    return block_n, block_k
+    return block_n, block_k, 4
 
 
 def _gemv_splits(target: GPUSpec | None, n_blocks: int, k_tiles: int, rows: int, n: int, weight_bytes: int,
@@ -158,11 +179,11 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor, zeros_arg:
     rows, out_features = out.shape
     in_features = x.shape[1]
     target = launch_target(x.device)
-    block_n, block_k = gemv_tiles(target, rows, int4, group_size, x.element_size())
+    block_n, block_k, warps = gemv_tiles(target, rows, int4, group_size, x.element_size())
     n_blocks, k_tiles = triton.cdiv(out_features, block_n), triton.cdiv(in_features, block_k)
     if split_k is None:
         split_k = _gemv_splits(target, n_blocks, k_tiles, rows, out_features, weight.numel() * weight.element_size(),
-                               programs_per_sm=8 if int4 and rows == 1 else 4)
+                               programs_per_sm=16 if int4 and rows == 1 else 4)
     tiles_per_split = triton.cdiv(k_tiles, min(split_k, k_tiles))
     splits = triton.cdiv(k_tiles, tiles_per_split)  # no slice left empty
     m_blocks = 1 if rows == 1 else triton.cdiv(rows, GEMV_MAX_ROWS)
@@ -172,11 +193,12 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor, zeros_arg:
     else:
         partial, counters = out, out  # never read
     common = dict(INT4=int4, GROUP_SIZE=group_size, HAS_BIAS=bias is not None, SPLIT=splits > 1, BLOCK_N=block_n,
-                  BLOCK_K=block_k, num_warps=4)
+                  BLOCK_K=block_k, num_warps=warps)
     if rows == 1:
+        words = weight.view(torch.int32) if int4 else weight  # int4: 8 levels a word (see the kernel)
         _gemv_row_kernel[(n_blocks, splits)](
-            x, weight, scales, zeros_arg, bias_arg, out, partial, counters, out_features, in_features,
-            tiles_per_split, splits, weight.stride(0), stride_sn, partial.stride(0), **common)
+            x, words, scales, zeros_arg, bias_arg, out, partial, counters, out_features, in_features,
+            tiles_per_split, splits, words.stride(0), stride_sn, partial.stride(0), **common)
     else:
         _gemv_kernel[(n_blocks, splits, m_blocks)](
             x, weight, scales, zeros_arg, bias_arg, out, partial, counters, rows, out_features, in_features,

@@ -94,6 +94,18 @@ def float_levels(levels, BITS: tl.constexpr):
 
 
 @triton.jit
+def word_level(words, i: tl.constexpr):
+    """Nibble i of each int32 word (bits 4i .. 4i + 3) -> the fp32 number 16 + level, as
+    `float_levels` makes it: moved to the top of the mantissa and OR-ed into 16's bits (0x41800000),
+    a shift and one bitwise operation (the mask and the OR in one)."""
+    if 4 * i <= 19:
+        bits = (words << (19 - 4 * i)) & 0x780000
+    else:  # an arithmetic shift: the copies of the sign bit land above the mask
+        bits = (words >> (4 * i - 19)) & 0x780000
+    return (bits | 0x41800000).to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def store_rows(acc, scales_ptr, bias_ptr, out_ptr, offs_m, offs_n, mask_m, mask_n, stride_om,
                INT4: tl.constexpr, HAS_BIAS: tl.constexpr):
     if not INT4:  # int8: the row's scale was left out of the sum (see load_levels)

@@ -22,16 +22,18 @@ class GPUSpec:
     capability: int  # major * 10 + minor, as Triton names targets: 75 is sm_75
     num_sms: int
     max_shared_bytes: int  # per block, with the opt-in that Triton uses
+    clock_ghz: float  # the SMs' boost clock
 
 
 # One GPU of each architecture the course meets (NVIDIA's CUDA programming guide, table of
-# compute capabilities: shared memory per block).
+# compute capabilities: shared memory per block; boost clocks from NVIDIA's data sheets, the H100's
+# for the SXM card).
 TARGETS = {t.capability: t for t in (
-    GPUSpec("T4", 75, 40, 64 << 10),
-    GPUSpec("A100", 80, 108, 163 << 10),
-    GPUSpec("RTX 3090", 86, 82, 99 << 10),
-    GPUSpec("L4", 89, 58, 99 << 10),
-    GPUSpec("H100", 90, 132, 227 << 10),
+    GPUSpec("T4", 75, 40, 64 << 10, 1.59),
+    GPUSpec("A100", 80, 108, 163 << 10, 1.41),
+    GPUSpec("RTX 3090", 86, 82, 99 << 10, 1.695),
+    GPUSpec("L4", 89, 58, 99 << 10, 2.04),
+    GPUSpec("H100", 90, 132, 227 << 10, 1.98),
 )}
 
 _aot: GPUSpec | None = None
@@ -65,9 +67,9 @@ def _device_target(index: int) -> GPUSpec:
         import triton
 
         props = torch.cuda.get_device_properties(index)
-        shared = triton.runtime.driver.active.utils.get_device_properties(index)["max_shared_mem"]
+        device = triton.runtime.driver.active.utils.get_device_properties(index)
         _device_targets[index] = GPUSpec(props.name, props.major * 10 + props.minor, props.multi_processor_count,
-                                           shared)
+                                           device["max_shared_mem"], device["sm_clock_rate"] / 1e6)  # from kHz
     return _device_targets[index]
 
 

@@ -1,0 +1,135 @@
+"""What a quantized matmul's inner loop issues per weight byte, read from the machine code compiled
+for a GPU, on a machine with no GPU.
+
+At batch 1 a matmul reads each weight byte once and does a few operations with it, so it should be
+bound by memory. It is bound by instructions instead when its loop issues too many of them per byte:
+each of an SM's 4 schedulers issues at most one warp instruction (32 lanes) a clock, so an H100 (132
+SMs at 1.98 GHz) issues about 33 T lane-instructions a second, and reading its 2.4 TB/s of copy
+bandwidth leaves about 14 instructions a byte at best; in practice, with loads waiting, fewer.
+
+Each launch is compiled as `aot.py` does (for the GPU's architecture, specialized as Triton's JIT
+specializes it), disassembled with the `nvdisasm` that ships with Triton, and its hot loop found:
+the longest body that a backward branch closes. Per loop iteration one thread handles
+BLOCK_N x BLOCK_K weights / (32 x warps), so the instructions in the body over the bytes a thread
+reads in one iteration is what a byte costs.
+
+    python -m minillm.kernels.sass        # the int4 and int8 matmuls at 1 and 4 rows, on an H100
+
+Triton's interpreter must be off (TRITON_INTERPRET unset), as for `aot.py`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from minillm.kernels.aot import compiled_kernel, launch_of, record_launches
+from minillm.kernels.targets import TARGETS, GPUSpec, aot_target
+
+ISSUE_PER_CLOCK = 4 * 32  # lane-instructions an SM issues a clock: 4 schedulers, one warp instruction each
+_INSTRUCTION = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[T\d]+\s+)?([A-Z][A-Z0-9_]*)")
+_LABEL = re.compile(r"^\s*(\.L_x_\d+):")
+_BRANCH = re.compile(r"\bBRA\b.*?(\.L_x_\d+)")
+
+
+@dataclass
+class LoopCost:
+    kernel: str
+    config: str
+    instructions: int  # in the hot loop's body, per thread and iteration
+    bytes_per_iteration: float  # weight bytes one thread reads in an iteration
+    mix: Counter  # instructions by opcode
+
+    @property
+    def per_byte(self) -> float:
+        return self.instructions / self.bytes_per_iteration
+
+    def issue_ceiling(self, target: GPUSpec) -> float:
+        """Bytes a second the GPU could read if it issued one instruction every clock of every
+        scheduler and nothing else limited it (bytes/s)."""
+        return target.num_sms * target.clock_ghz * 1e9 * ISSUE_PER_CLOCK / self.per_byte
+
+
+def nvdisasm() -> Path:
+    """The disassembler that ships with Triton's NVIDIA backend."""
+    import triton
+
+    return Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "nvdisasm"
+
+
+def hot_loop(sass: str) -> list[str]:
+    """The instructions of the longest loop body in a disassembly: from a label to the branch back to it."""
+    lines = sass.splitlines()
+    labels = {m.group(1): i for i, line in enumerate(lines) if (m := _LABEL.match(line))}
+    best: list[str] = []
+    for i, line in enumerate(lines):
+        m = _BRANCH.search(line)
+        if m and labels.get(m.group(1), i) < i:
+            body = [op.group(1) for op in map(_INSTRUCTION.search, lines[labels[m.group(1)]:i + 1]) if op]
+            best = max(best, body, key=len)
+    return best
+
+
+def loop_cost(fn, args: tuple, kwargs: dict, target: GPUSpec, weight_bits: int) -> LoopCost:
+    launch = launch_of(fn, args, kwargs)
+    kernel = compiled_kernel(fn, launch, target)
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
+        cubin.write(kernel.asm["cubin"])
+        cubin.flush()
+        sass = subprocess.run([str(nvdisasm()), "-c", cubin.name], capture_output=True, text=True, check=True).stdout
+    body = hot_loop(sass)
+    constexprs, options = dict(launch.constexprs), dict(launch.options)
+    threads = 32 * options.get("num_warps", 4)
+    config = ", ".join(f"{k}={v}" for k, v in {**constexprs, **options}.items() if k.startswith(("BLOCK", "num_w")))
+    return LoopCost(fn.__name__, config, len(body),
+                    constexprs["BLOCK_N"] * constexprs["BLOCK_K"] * weight_bits / 8 / threads, Counter(body))
+
+
+def quant_matmul_costs(target: GPUSpec, rows: tuple[int, ...] = (1, 4)) -> list[tuple[str, int, LoopCost]]:
+    """(method, rows, cost) of the int4 (groups of 128) and int8 decode matmuls of a 4096 x 4096
+    fp16 layer on `target`."""
+    from minillm.kernels.quant_matmul import int4_matmul, int8_matmul
+    from minillm.quant.int4 import quantize_int4
+    from minillm.quant.int8 import quantize_int8
+
+    weight = torch.randn(4096, 4096).half()
+    methods = {"int4": (lambda x: int4_matmul(x, *quantize_int4(weight, 128), 128), 4),
+               "int8": (lambda x: int8_matmul(x, *quantize_int8(weight)), 8)}
+    costs = []
+    for method, (matmul, bits) in methods.items():
+        for n in rows:
+            with aot_target(target), record_launches() as records:
+                matmul(torch.randn(n, 4096).half())
+            fn, args, kwargs = records[0]
+            costs.append((method, n, loop_cost(fn, args, kwargs, target, bits)))
+    return costs
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cc", type=int, default=90, choices=sorted(TARGETS))
+    args = parser.parse_args(argv)
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        sys.exit("minillm.kernels.sass compiles for GPUs: unset TRITON_INTERPRET")
+    target = TARGETS[args.cc]
+    print(f"{target.name}: {target.num_sms} SMs at {target.clock_ghz} GHz; 4096 x 4096 fp16 layer, int4 in groups "
+          "of 128")
+    print(f"{'method':<6} {'rows':>4}  {'kernel':<17} {'loop':>6} {'bytes':>6} {'per byte':>8} {'ceiling':>10}  "
+          "most issued")
+    for method, rows, cost in quant_matmul_costs(target):
+        mix = ", ".join(f"{op} {n}" for op, n in cost.mix.most_common(6))
+        print(f"{method:<6} {rows:>4}  {cost.kernel:<17} {cost.instructions:>6} {cost.bytes_per_iteration:>6.0f} "
+              f"{cost.per_byte:>8.2f} {cost.issue_ceiling(target) / 1e12:>7.2f} TB/s  {mix}  ({cost.config})")
+
+
+if __name__ == "__main__":
+    main()

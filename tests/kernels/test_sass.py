@@ -1,0 +1,66 @@
+"""The instructions the quantized matmuls' inner loops issue per weight byte, read from the machine
+code compiled for an H100 (`minillm.kernels.sass`), here on a CPU. At batch 1 an H100 can issue
+about 14 instructions for each byte its memory delivers; a loop that needs more is bound by
+instructions, not memory. Runs in a subprocess: the interpreter conftest switches on replaces the
+kernels this compiles."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+pytest.importorskip("triton")
+
+from minillm.kernels.sass import hot_loop, nvdisasm  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not nvdisasm().is_file(), reason="this triton ships no nvdisasm")
+
+
+@pytest.fixture(scope="module")
+def costs() -> dict:
+    script = textwrap.dedent("""
+        import json
+        from minillm.kernels.sass import quant_matmul_costs
+        from minillm.kernels.targets import TARGETS
+
+        print(json.dumps({f"{method} {rows}": [cost.per_byte, dict(cost.mix)]
+                          for method, rows, cost in quant_matmul_costs(TARGETS[90])}))
+    """)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_the_one_row_int4_loop_leaves_memory_the_limit(costs):
+    # 13.8 instructions a byte before each thread kept its own sums over 8 levels a word: the
+    # issue rate alone then capped an H100 at about its copy bandwidth.
+    per_byte, mix = costs["int4 1"]
+    assert per_byte < 9, mix
+
+
+def test_the_one_row_int8_loop_is_lean(costs):
+    per_byte, mix = costs["int8 1"]
+    assert per_byte < 7, mix
+
+
+def test_the_hot_loop_is_the_longest_body_a_branch_closes():
+    sass = textwrap.dedent("""
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+        .L_x_0:
+        /*0010*/                   IADD3 R2, R2, 0x1, RZ ;
+        /*0020*/               @P0 BRA `(.L_x_0) ;
+        .L_x_1:
+        /*0030*/                   FFMA R3, R4, R5, R3 ;
+        /*0040*/                   LOP3.LUT R6, R6, 0xf, RZ, 0xc0, !PT ;
+        /*0050*/              @!P1 BRA `(.L_x_1) ;
+        /*0060*/                   BRA `(.L_x_2) ;
+        .L_x_2:
+        /*0070*/                   EXIT ;
+    """)
+    assert hot_loop(sass) == ["FFMA", "LOP3", "BRA"]
