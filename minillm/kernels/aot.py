@@ -142,7 +142,7 @@ def engine_launches(target: GPUSpec, everything: bool) -> dict[Launch, object]:
             paged_decode_attention(q[:2], k_cache, v_cache, tables, lens, 0.1, max_seq_len=4096, **scales)
             store_kvcache(q[:3, :2], q[:3, :2], k_cache, v_cache, torch.tensor([1, 2, 3], dtype=torch.int32),
                           **scales)
-        for dtype in dtypes[:2]:
+        for dtype in dtypes:
             weight = torch.randn(4096, 4096).to(dtype)
             int8_args, int4_args = quantize_int8(weight), (*quantize_int4(weight, 128), 128)
             for rows in (1, 4, 64):

@@ -2,17 +2,21 @@
 whole weight, each weight byte read once for all the rows.
 
 One program per block of output channels and per slice of the inputs (split-K), holding every row.
-2 to 16 rows take one tl.dot per tile, on fp16 levels whose offset, zero point and scale are applied
-once per tile (`quant_tiles.py`). A single row has its own kernel (`_gemv_row_kernel`) on the plain
-ALUs, where an int4 weight costs a shift, one bitwise operation and one fp32 multiply-add, and an
-int8 weight one bitwise operation and a multiply-add; each thread sums its own products, and the
-rows are reduced across threads once, after the loop. At batch 1 such a kernel is bound by the
-instructions it issues as much as by memory: an H100 issues about 33 T lane-instructions a second,
-so reading 2.4 TB/s leaves at most about 14 instructions a byte (`python -m minillm.kernels.sass`
-counts the loop's: 8.4 for int4, 13.8 before its words and per-thread sums). Split-K is one
-launch: the last slice of each output block to finish adds the slices' partial sums in a fixed
-order, so results do not vary from run to run (greedy decoding stays reproducible) and a decode
-step has no extra reduction launch per matmul.
+2 to 16 rows take the tensor cores: int4 read as int32 words of 8 levels, one tl.dot per nibble
+position (`quant_tiles.word_dot_level`), int8 one per tile; the levels carry an offset that, with
+the zero point and the scale, is applied once per tile (`quant_tiles.py`). A single row has its own
+kernel (`_gemv_row_kernel`) on the plain ALUs, where an int4 weight costs a shift, one bitwise
+operation and one fp32 multiply-add, and an int8 weight one bitwise operation and a multiply-add;
+each thread sums its own products, and the rows are reduced across threads once, after the loop.
+
+At batch 1 such a kernel is bound by the instructions it issues as much as by memory: an H100
+issues about 33 T lane-instructions a second, so reading 2.4 TB/s leaves at most about 14
+instructions a byte. `python -m minillm.kernels.sass` counts the loops' from their machine code:
+8.4 for int4's one row and 8.7 for its 2 to 16, against 13.8 and 14.7 before they read words.
+
+Split-K is one launch: the last slice of each output block to finish adds the slices' partial sums
+in a fixed order, so results do not vary from run to run (greedy decoding stays reproducible) and a
+decode step has no extra reduction launch per matmul.
 """
 
 from __future__ import annotations
@@ -21,7 +25,16 @@ import torch
 import triton
 import triton.language as tl
 
-from minillm.kernels.quant_tiles import dot_level_offset, dot_tile, finish_rows, float_levels, word_level
+from minillm.kernels.quant_tiles import (
+    dot_level_offset,
+    dot_tile,
+    finish_rows,
+    float_levels,
+    nibble_inputs,
+    word_dot_level,
+    word_level,
+    word_level_offset,
+)
 from minillm.kernels.targets import GPUSpec, first_fitting, launch_target, shared_bytes_estimate
 
 # tl.dot's smallest row tile on the GPU is 16, so up to 16 rows cost one pass over the weights, the
@@ -49,11 +62,35 @@ def _gemv_kernel(x_ptr, w_ptr, scales_ptr, zeros_ptr, bias_ptr, out_ptr, partial
     x_rows = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     start = split * tiles_per_split * BLOCK_K
-    for k0 in range(start, tl.minimum(K, start + tiles_per_split * BLOCK_K), BLOCK_K):
-        offs_k = k0 + tl.arange(0, BLOCK_K)
-        x = tl.load(x_rows + offs_k[None, :], mask=mask_m[:, None] & (offs_k < K)[None, :], other=0.0)
-        acc = dot_tile(acc, x, w_ptr, scales_ptr, zeros_ptr, offs_n, mask_n, k0, K, stride_wn, stride_sn,
-                       BLOCK_K, GROUP_SIZE, INT4, OFFSET, PRECISION)
+    end = tl.minimum(K, start + tiles_per_split * BLOCK_K)
+    if INT4 and BLOCK_K >= 128:
+        # int32 words, as the one-row kernel reads them: one tl.dot per nibble, each over the word
+        # columns (16 of them, tl.dot's least), with the inputs that meet that nibble.
+        WORDS: tl.constexpr = BLOCK_K // 8
+        rows = offs_n.to(tl.int64)[:, None] * stride_wn
+        for k0 in range(start, end, BLOCK_K):
+            x = tl.load(x_rows + (k0 + tl.arange(0, BLOCK_K))[None, :], mask=mask_m[:, None], other=0.0)
+            w = tl.load(w_ptr + rows + (k0 // 8 + tl.arange(0, WORDS))[None, :], mask=mask_n[:, None], other=0)
+            x0, x1, x2, x3, x4, x5, x6, x7 = nibble_inputs(x, WORDS)
+            products = tl.dot(x0, tl.trans(word_dot_level(w, 0, x.dtype)), input_precision=PRECISION)
+            products = tl.dot(x1, tl.trans(word_dot_level(w, 1, x.dtype)), products, input_precision=PRECISION)
+            products = tl.dot(x2, tl.trans(word_dot_level(w, 2, x.dtype)), products, input_precision=PRECISION)
+            products = tl.dot(x3, tl.trans(word_dot_level(w, 3, x.dtype)), products, input_precision=PRECISION)
+            products = tl.dot(x4, tl.trans(word_dot_level(w, 4, x.dtype)), products, input_precision=PRECISION)
+            products = tl.dot(x5, tl.trans(word_dot_level(w, 5, x.dtype)), products, input_precision=PRECISION)
+            products = tl.dot(x6, tl.trans(word_dot_level(w, 6, x.dtype)), products, input_precision=PRECISION)
+            products = tl.dot(x7, tl.trans(word_dot_level(w, 7, x.dtype)), products, input_precision=PRECISION)
+            group = k0 // GROUP_SIZE
+            scale = tl.load(scales_ptr + offs_n * stride_sn + group, mask=mask_n, other=0.0).to(tl.float32)
+            zero = tl.load(zeros_ptr + offs_n * stride_sn + group, mask=mask_n, other=0.0).to(tl.float32)
+            x_sums = tl.sum(x.to(tl.float32), 1)[:, None]
+            acc += (products - x_sums * (zero + OFFSET)[None, :]) * scale[None, :]
+    else:
+        for k0 in range(start, end, BLOCK_K):
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            x = tl.load(x_rows + offs_k[None, :], mask=mask_m[:, None] & (offs_k < K)[None, :], other=0.0)
+            acc = dot_tile(acc, x, w_ptr, scales_ptr, zeros_ptr, offs_n, mask_n, k0, K, stride_wn, stride_sn,
+                           BLOCK_K, GROUP_SIZE, INT4, OFFSET, PRECISION)
     finish_rows(acc, scales_ptr, bias_ptr, out_ptr, partial_ptr, counter_ptr, offs_m, offs_n, mask_m, mask_n,
                 stride_om, split, num_splits, stride_split, INT4, HAS_BIAS, SPLIT)
 
@@ -86,14 +123,7 @@ def _gemv_row_kernel(x_ptr, w_ptr, scales_ptr, zeros_ptr, bias_ptr, out_ptr, par
         for k0 in range(start, end, BLOCK_K):
             w = tl.load(w_ptr + rows + (k0 // 8 + offs_j)[None, :], mask=mask_n[:, None], other=0)
             x = tl.load(x_ptr + k0 + tl.arange(0, BLOCK_K)).to(tl.float32)
-            # Input 8j + 4a + 2b + c of the tile, for each nibble i = 4a + 2b + c: split c, b, then a.
-            c0, c1 = tl.split(tl.reshape(x, [WORDS, 2, 2, 2]))
-            b00, b01 = tl.split(c0)
-            b10, b11 = tl.split(c1)
-            x0, x4 = tl.split(b00)
-            x2, x6 = tl.split(b01)
-            x1, x5 = tl.split(b10)
-            x3, x7 = tl.split(b11)
+            x0, x1, x2, x3, x4, x5, x6, x7 = nibble_inputs(x, WORDS)
             sums = (word_level(w, 0) * x0[None, :] + word_level(w, 1) * x1[None, :]
                     + word_level(w, 2) * x2[None, :] + word_level(w, 3) * x3[None, :]
                     + word_level(w, 4) * x4[None, :] + word_level(w, 5) * x5[None, :]
@@ -139,7 +169,9 @@ def gemv_tiles(target: GPUSpec | None, rows: int, int4: bool, group_size: int,
         # On a T4 the compiler fits 64 x 128 tiles in 64 registers a thread and spills 2.5-2.8 KB
         # (ptxas's report, `kernels/aot.py`); 32 x 64 tiles spill nothing.
         return 32, min(64, block_k), 4
-    block_n = first_fitting(target, [64, 32],
+    # int4 in words (block_k 128): 128 channels, so that a thread's share of a tile is 8 words.
+    widths = [128, 64, 32] if int4 and block_k >= 128 else [64, 32]
+    block_n = first_fitting(target, widths,
                             lambda n: shared_bytes_estimate(target, GEMV_MAX_ROWS + n, block_k, element_size))
     return block_n, block_k, 4
 
@@ -194,13 +226,16 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor, zeros_arg:
         partial, counters = out, out  # never read
     common = dict(INT4=int4, GROUP_SIZE=group_size, HAS_BIAS=bias is not None, SPLIT=splits > 1, BLOCK_N=block_n,
                   BLOCK_K=block_k, num_warps=warps)
+    # int4 as int32 words, 8 levels each (see the kernels), where a tile holds 16 words or more.
+    words = int4 and (rows == 1 or block_k >= 128)
+    packed = weight.view(torch.int32) if words else weight
     if rows == 1:
-        words = weight.view(torch.int32) if int4 else weight  # int4: 8 levels a word (see the kernel)
         _gemv_row_kernel[(n_blocks, splits)](
-            x, words, scales, zeros_arg, bias_arg, out, partial, counters, out_features, in_features,
-            tiles_per_split, splits, words.stride(0), stride_sn, partial.stride(0), **common)
+            x, packed, scales, zeros_arg, bias_arg, out, partial, counters, out_features, in_features,
+            tiles_per_split, splits, packed.stride(0), stride_sn, partial.stride(0), **common)
     else:
+        offset = word_level_offset(x.dtype) if words else dot_level_offset(int4, x.dtype)
         _gemv_kernel[(n_blocks, splits, m_blocks)](
-            x, weight, scales, zeros_arg, bias_arg, out, partial, counters, rows, out_features, in_features,
-            tiles_per_split, splits, x.stride(0), weight.stride(0), stride_sn, out.stride(0), partial.stride(0),
-            OFFSET=dot_level_offset(int4, x.dtype), BLOCK_M=GEMV_MAX_ROWS, PRECISION=precision, **common)
+            x, packed, scales, zeros_arg, bias_arg, out, partial, counters, rows, out_features, in_features,
+            tiles_per_split, splits, x.stride(0), packed.stride(0), stride_sn, out.stride(0), partial.stride(0),
+            OFFSET=offset, BLOCK_M=GEMV_MAX_ROWS, PRECISION=precision, **common)

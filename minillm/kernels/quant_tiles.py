@@ -16,9 +16,18 @@ result, so it needs exact products and fp32 sums, and a small P where the inputs
 - tensor cores (2 to 16 rows, prefill): fp16 levels (P = 1024, the bit pattern 0x6400) times fp16
   inputs are exact products summed in fp32, so fp16 inputs fold P. bf16 cannot hold 1024 + n, and
   fp32 inputs would lose P * 2^-24 of each input, so for them P is subtracted first (exactly, in fp16).
+  Where int4 is read as int32 words (the decode path, groups of 128 and more), bf16 levels carry
+  P = 128 (0x4300, whose mantissa step is 1 too), and fp32 levels the one-row kernel's P = 16.
 - the plain ALUs (one row): fp16 products would keep only the few bits of the level beside P, and
   fp16 sums overflow on large activations, so products and sums are fp32, with P = 16 (int4) or 256
   (int8) at the top of the mantissa.
+
+Why int4 is read as words on the decode path. Unpacking the bytes one at a time, with the two
+nibbles of each interleaved back into input order, costs more instructions per weight byte than an
+H100 can issue while its memory delivers one (`kernels/sass.py`). An int32 word holds 8 levels, of
+inputs 8j .. 8j + 7; nibble i of every word of a tile is a shift and a mask away, and meets the
+inputs 8j + i, which the inputs' tile gives by splitting its columns (`nibble_inputs`) rather than
+the weights by moving theirs.
 """
 
 from __future__ import annotations
@@ -103,6 +112,43 @@ def word_level(words, i: tl.constexpr):
     else:  # an arithmetic shift: the copies of the sign bit land above the mask
         bits = (words >> (4 * i - 19)) & 0x780000
     return (bits | 0x41800000).to(tl.float32, bitcast=True)
+
+
+def word_level_offset(dtype: torch.dtype) -> int:
+    """The offset P each level carries where int4 weights are read as int32 words (`word_level`,
+    `word_dot_level`): fp16 1024 and bf16 128 (a mantissa step of 1 there), fp32 16."""
+    return {torch.float16: 1024, torch.bfloat16: 128}.get(dtype, 16)
+
+
+@triton.jit
+def word_dot_level(words, i: tl.constexpr, DTYPE: tl.constexpr):
+    """Nibble i of each int32 word as a tl.dot operand of DTYPE, P + level (`word_level_offset`):
+    for 16-bit inputs the level OR-ed into P's bits and the low half of the word reinterpreted;
+    for fp32 inputs `word_level`'s fp32 number."""
+    if DTYPE == tl.float16:
+        return (((words >> (4 * i)) & 0xF) | _FP16_MAGIC_BITS).to(tl.int16).to(tl.float16, bitcast=True)
+    elif DTYPE == tl.bfloat16:
+        return (((words >> (4 * i)) & 0xF) | 0x4300).to(tl.int16).to(tl.bfloat16, bitcast=True)  # bf16 128.0
+    else:
+        return word_level(words, i)
+
+
+@triton.jit
+def nibble_inputs(x, WORDS: tl.constexpr):
+    """x [8 * WORDS] or [R, 8 * WORDS] -> the inputs that meet each nibble of a word: eight [WORDS] or
+    [R, WORDS] tensors, the i-th holding input 8j + i for each word j. Input 8j + 4a + 2b + c: split
+    off c, then b, then a."""
+    if len(x.shape) == 1:
+        c0, c1 = tl.split(tl.reshape(x, [WORDS, 2, 2, 2]))
+    else:
+        c0, c1 = tl.split(tl.reshape(x, [x.shape[0], WORDS, 2, 2, 2]))
+    b00, b01 = tl.split(c0)
+    b10, b11 = tl.split(c1)
+    x0, x4 = tl.split(b00)
+    x2, x6 = tl.split(b01)
+    x1, x5 = tl.split(b10)
+    x3, x7 = tl.split(b11)
+    return x0, x1, x2, x3, x4, x5, x6, x7
 
 
 @triton.jit

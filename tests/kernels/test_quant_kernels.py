@@ -54,10 +54,13 @@ def tolerance(method: str, dtype: torch.dtype, k: int) -> float:
     (int4's 16 levels) or 36 (int8 on a Gaussian row) on average. K roundings of random sign, each
     at most 2^-23 of its partial sum (2^-24 and a bit for tensor cores' truncating accumulators),
     give a random walk of about 2^-23 * sqrt(K) times the ratio of those sizes, relative to the
-    result, itself a sum of random signs. Offsets: fp16 1024 (+ 128 for int8's shift); fp32 and
-    bf16 only the one-row kernel's 16 (int4) and 384 (int8)."""
+    result, itself a sum of random signs. Offsets: fp16 1024 (+ 128 for int8's shift); bf16 int4
+    128 on the tensor cores; fp32 int4 16; int8 in fp32 and bf16 only the one-row kernel's 384."""
     half = dtype == torch.float16
-    largest_term = (1024 + 15 if half else 16 + 15) if method == "int4" else (1152 + 127 if half else 384 + 127)
+    if method == "int4":
+        largest_term = {torch.float16: 1024, torch.bfloat16: 128}.get(dtype, 16) + 15
+    else:
+        largest_term = 1152 + 127 if half else 384 + 127
     typical_level = 4 if method == "int4" else 36
     return UNIT_ROUNDOFF[dtype] + 2.0 ** -23 * math.sqrt(k) * largest_term / typical_level
 

@@ -44,6 +44,13 @@ def test_the_one_row_int4_loop_leaves_memory_the_limit(costs):
     assert per_byte < 9, mix
 
 
+def test_the_tensor_core_int4_loop_reads_words_too(costs):
+    # 14.7 a byte when it unpacked bytes into interleaved fp16 tiles: 2 to 16 rows (a batch, a
+    # speculative verification) were capped below the copy bandwidth.
+    per_byte, mix = costs["int4 4"]
+    assert per_byte < 9.5 and "HMMA" in mix, mix
+
+
 def test_the_one_row_int8_loop_is_lean(costs):
     per_byte, mix = costs["int8 1"]
     assert per_byte < 7, mix
