@@ -13,7 +13,8 @@ the longest body that a backward branch closes. Per loop iteration one thread ha
 BLOCK_N x BLOCK_K weights / (32 x warps), so the instructions in the body over the bytes a thread
 reads in one iteration is what a byte costs.
 
-    python -m minillm.kernels.sass        # the int4 and int8 matmuls at 1 and 4 rows, on an H100
+    python -m minillm.kernels.sass        # the int4 and int8 matmuls at 1 and 4 rows, and the
+                                          # ragged attention kernel's loop, on an H100
 
 Triton's interpreter must be off (TRITON_INTERPRET unset), as for `aot.py`.
 """
@@ -66,27 +67,36 @@ def nvdisasm() -> Path:
     return Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "nvdisasm"
 
 
-def hot_loop(sass: str) -> list[str]:
-    """The instructions of the longest loop body in a disassembly: from a label to the branch back to it."""
+def loop_bodies(sass: str) -> list[list[str]]:
+    """The opcodes of each loop body in a disassembly, in the code's order: from a label to the
+    branch back to it."""
     lines = sass.splitlines()
     labels = {m.group(1): i for i, line in enumerate(lines) if (m := _LABEL.match(line))}
-    best: list[str] = []
+    bodies = []
     for i, line in enumerate(lines):
         m = _BRANCH.search(line)
         if m and labels.get(m.group(1), i) < i:
-            body = [op.group(1) for op in map(_INSTRUCTION.search, lines[labels[m.group(1)]:i + 1]) if op]
-            best = max(best, body, key=len)
-    return best
+            bodies.append([op.group(1) for op in map(_INSTRUCTION.search, lines[labels[m.group(1)]:i + 1]) if op])
+    return bodies
 
 
-def loop_cost(fn, args: tuple, kwargs: dict, target: GPUSpec, weight_bits: int) -> LoopCost:
-    launch = launch_of(fn, args, kwargs)
+def hot_loop(sass: str) -> list[str]:
+    """The instructions of the longest loop body in a disassembly."""
+    return max(loop_bodies(sass), key=len, default=[])
+
+
+def disassembled(fn, launch, target: GPUSpec) -> str:
+    """The launch's machine code for the target, as text."""
     kernel = compiled_kernel(fn, launch, target)
     with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
         cubin.write(kernel.asm["cubin"])
         cubin.flush()
-        sass = subprocess.run([str(nvdisasm()), "-c", cubin.name], capture_output=True, text=True, check=True).stdout
-    body = hot_loop(sass)
+        return subprocess.run([str(nvdisasm()), "-c", cubin.name], capture_output=True, text=True, check=True).stdout
+
+
+def loop_cost(fn, args: tuple, kwargs: dict, target: GPUSpec, weight_bits: int) -> LoopCost:
+    launch = launch_of(fn, args, kwargs)
+    body = hot_loop(disassembled(fn, launch, target))
     constexprs, options = dict(launch.constexprs), dict(launch.options)
     threads = 32 * options.get("num_warps", 4)
     config = ", ".join(f"{k}={v}" for k, v in {**constexprs, **options}.items() if k.startswith(("BLOCK", "num_w")))
@@ -114,6 +124,26 @@ def quant_matmul_costs(target: GPUSpec, rows: tuple[int, ...] = (1, 4)) -> list[
     return costs
 
 
+def prefill_attention_loop(target: GPUSpec) -> tuple[str, Counter]:
+    """(config, instructions by opcode) of the ragged attention kernel's loop over the tiles of keys
+    below the diagonal, for one 2,048-token fp16 prompt (32 query heads over 8 KV heads, head dim 128)."""
+    from minillm.kernels.paged_prefill import paged_prefill_attention
+    from minillm.kernels.random_inputs import paged_batch
+
+    k_cache, v_cache, tables, lens = paged_batch([2048], 8, 128, 16, torch.float16, 0, "cpu")
+    with aot_target(target), record_launches() as records:
+        paged_prefill_attention(torch.randn(2048, 32, 128).half(), k_cache, v_cache,
+                                torch.tensor([0, 2048], dtype=torch.int32), lens, tables, 0.1, max_query_len=2048)
+    fn, args, kwargs = records[0]
+    launch = launch_of(fn, args, kwargs)
+    # The first loop with matrix multiplies (the binary search for the program's sequence is a loop
+    # too): the keys below the diagonal; the diagonal's loop, with its masks, comes after it.
+    unmasked = next(body for body in loop_bodies(disassembled(fn, launch, target)) if any("MMA" in op for op in body))
+    constexprs, options = dict(launch.constexprs), dict(launch.options)
+    config = f"BLOCK_M={constexprs['BLOCK_M']}, BLOCK_N={constexprs['BLOCK_N']}, num_warps={options['num_warps']}"
+    return config, Counter(unmasked)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cc", type=int, default=90, choices=sorted(TARGETS))
@@ -129,6 +159,10 @@ def main(argv: list[str] | None = None) -> None:
         mix = ", ".join(f"{op} {n}" for op, n in cost.mix.most_common(6))
         print(f"{method:<6} {rows:>4}  {cost.kernel:<17} {cost.instructions:>6} {cost.bytes_per_iteration:>6.0f} "
               f"{cost.per_byte:>8.2f} {cost.issue_ceiling(target) / 1e12:>7.2f} TB/s  {mix}  ({cost.config})")
+    config, mix = prefill_attention_loop(target)
+    mma = sum(n for op, n in mix.items() if "MMA" in op)
+    print(f"\nragged attention, a 2,048-token prompt, head dim 128 ({config}): {mix.total()} instructions a tile of "
+          f"keys, {mma} of them matrix multiplies; {', '.join(f'{op} {n}' for op, n in mix.most_common(8))}")
 
 
 if __name__ == "__main__":

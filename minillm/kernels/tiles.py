@@ -44,11 +44,13 @@ def online_softmax_step(q, k, v, visible, m, denom, acc, scale_log2, PRECISION: 
     query, and no mask is applied."""
     k = k.to(q.dtype)
     v = v.to(q.dtype)
-    scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2
+    scores = tl.dot(q, tl.trans(k), input_precision=PRECISION)
     if visible is not None:
         scores = tl.where(visible, scores, float("-inf"))
-    m_new = tl.maximum(m, tl.max(scores, 1))
-    p = tl.exp2(scores - m_new[:, None])
+    # The scale is positive, so the row's largest score scaled is the largest scaled score; scaling
+    # each score inside the exponent's argument makes it one multiply-add with the subtraction.
+    m_new = tl.maximum(m, tl.max(scores, 1) * scale_log2)
+    p = tl.exp2(scores * scale_log2 - m_new[:, None])
     alpha = tl.exp2(m - m_new)
     denom = denom * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
