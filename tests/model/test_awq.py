@@ -17,6 +17,8 @@ from safetensors.torch import save_file
 from minillm import LLM
 from minillm.models.registry import model_config_from_hf
 
+# AutoAWQ is no longer developed (its authors moved AWQ to llm-compressor, which writes compressed-tensors),
+# but its GEMM layout is what most AWQ checkpoints on the Hub hold; its last release still writes it.
 awq = pytest.importorskip("awq")
 from awq import AutoAWQForCausalLM  # noqa: E402
 from awq.utils.packing_utils import reverse_awq_order, unpack_awq  # noqa: E402
