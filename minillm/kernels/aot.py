@@ -4,12 +4,13 @@ GPU's compiler accepts) is checked here, in CI.
 
 The launchers themselves are called, under `targets.aot_target`, with CPU tensors of each dtype,
 head dim and block size the engine uses; `JITFunction.run` is replaced by a recorder, so nothing
-runs, and each recorded launch is compiled with `triton.compile(..., target=GPUTarget("cuda", cc,
-32))` into PTX and a cubin. A launch fits when its shared memory is within the target's limit;
-registers and spills are ptxas's report, where ptxas ran (a kernel in Triton's cache is not
-compiled again, and has none). Every launch is compiled for one target, and for the
-others those that bound shared memory and the decoder layer's kernels in fp32, their largest tiles
-(compiling one takes seconds: the whole set for five targets would take many minutes).
+runs, and each recorded launch, specialized as Triton's JIT specializes it on a GPU (`launch_of`),
+is compiled with `triton.compile(..., target=GPUTarget("cuda", cc, 32))` into PTX and a cubin. A
+launch fits when its shared memory is within the target's limit; registers and spills are ptxas's
+report, where ptxas ran (a kernel in Triton's cache is not compiled again, and has none). Every
+launch is compiled for one target, and for the others those that bound shared memory and the
+decoder layer's kernels in fp32, their largest tiles (compiling one takes seconds: the whole set
+for five targets would take many minutes).
 
     python -m minillm.kernels.aot                  # every target; exits 1 if a launch does not fit
     python -m minillm.kernels.aot --cc 75 --json   # one target, machine-readable

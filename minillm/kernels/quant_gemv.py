@@ -114,9 +114,10 @@ def _gemv_row_kernel(x_ptr, w_ptr, scales_ptr, zeros_ptr, bias_ptr, out_ptr, par
         # w_ptr holds int32 words, [N, K // 8]: word j of a row holds inputs 8j .. 8j + 7 in its
         # nibbles, low bits first (the packed bytes, read four at a time). Each thread keeps a sum
         # per row and word of its tile, and the rows are reduced across threads once, at the end: a
-        # weight costs a shift, a bitwise operation and a multiply-add, and nothing moves between
-        # threads inside the loop. The tile lies in one group (BLOCK_K divides GROUP_SIZE, and K is a
-        # multiple of it): its scale and zero point are applied to each word's sum of 8 products.
+        # weight costs a shift, a bitwise operation and a multiply-add, and its products never
+        # leave their thread inside the loop (only the inputs do). The tile lies in one group
+        # (BLOCK_K divides GROUP_SIZE, and K is a multiple of it): its scale and zero point are
+        # applied to each word's sum of 8 products.
         WORDS: tl.constexpr = BLOCK_K // 8
         offs_j = tl.arange(0, WORDS)
         acc2 = tl.zeros([BLOCK_N, WORDS], tl.float32)
