@@ -106,11 +106,11 @@ def engine_launches(target: GPUSpec, everything: bool) -> dict[Launch, object]:
     prefill's many, and the layer kernels at the widest rows they meet (RMSNorm over 8192 channels,
     SiLU-and-mul over 28672, rotary embedding of 64 query heads, alone and fused with the KV store,
     with and without Qwen3's q/k norm, into either pool: Llama-70B's shapes). Otherwise only the
-    launches that bound shared memory: the kernels that stage tiles (prefill, decode, the matmuls)
-    at head dim 128 in fp16 (bf16 takes the same tiles) and fp32, a smaller head dim padding to at
-    most 128; and the layer kernels at the same widths in fp32 (their reductions and layout changes
-    are staged in shared memory, at most 4 bytes a value), the fused store in its plainest form and
-    its fullest (the q/k norm and the int8 pool)."""
+    launches that bound shared memory or registers: the kernels that stage tiles (prefill, decode,
+    the matmuls, the one-row ones in registers) at head dim 128 in fp16 (bf16 takes the same tiles)
+    and fp32, a smaller head dim padding to at most 128; and the layer kernels at the same widths in
+    fp32 (their reductions and layout changes are staged in shared memory, at most 4 bytes a value),
+    the fused store in its plainest form and its fullest (the q/k norm and the int8 pool)."""
     from minillm.kernels.activation import silu_and_mul
     from minillm.kernels.paged_decode import paged_decode_attention
     from minillm.kernels.paged_prefill import paged_prefill_attention
@@ -175,9 +175,11 @@ def engine_launches(target: GPUSpec, everything: bool) -> dict[Launch, object]:
     return {launch: fn for launch, fn in launches.items() if launch.kernel in TILED_KERNELS + LAYER_KERNELS}
 
 
-# The kernels whose tiles live in shared memory; the others (KV store, the split-KV reduction, the
-# single-row gemv) use a few hundred bytes of it at most.
-TILED_KERNELS = ("_ragged_attention_kernel", "_decode_partition_kernel", "_gemv_kernel", "_gemm_kernel")
+# The kernels whose tiles live in shared memory, and the single-row gemv, whose tiles live in
+# registers (checked for spills); the others (KV store, the split-KV reduction) use a few hundred
+# bytes of shared memory at most.
+TILED_KERNELS = ("_ragged_attention_kernel", "_decode_partition_kernel", "_gemv_kernel", "_gemm_kernel",
+                 "_gemv_row_kernel")
 # Every decoder layer runs these, on every GPU.
 LAYER_KERNELS = ("_rms_norm_kernel", "_fused_add_rms_norm_kernel", "_silu_and_mul_kernel", "_rotary_kernel",
                  "_fused_rotary_store_kvcache_kernel")

@@ -12,7 +12,7 @@ each thread sums its own products, and the rows are reduced across threads once,
 At batch 1 such a kernel is bound by the instructions it issues as much as by memory: an H100
 issues about 33 T lane-instructions a second, so reading 2.4 TB/s leaves at most about 14
 instructions a byte. `python -m minillm.kernels.sass` counts the loops' from their machine code:
-8.4 for int4's one row and 8.7 for its 2 to 16, against 13.8 and 14.7 before they read words.
+9.0 for int4's one row and 8.7 for its 2 to 16, against 13.8 and 14.7 before they read words.
 
 Split-K is one launch: the last slice of each output block to finish adds the slices' partial sums
 in a fixed order, so results do not vary from run to run (greedy decoding stays reproducible) and a
@@ -157,13 +157,15 @@ def gemv_tiles(target: GPUSpec | None, rows: int, int4: bool, group_size: int,
                element_size: int) -> tuple[int, int, int]:
     """(BLOCK_N, BLOCK_K, warps) of the gemv path on `target` (None: the interpreter), a tile lying
     in one int4 group. The one-row kernel holds its tiles in registers: int8's sizes are the fastest
-    of a sweep on an H100 (BENCHMARKS.md); int4's give each thread 8 rows of 4 words, so that the
-    inputs it converts serve 8 rows (`python -m minillm.kernels.sass` counts what its loop issues).
+    of a sweep on an H100 (BENCHMARKS.md); int4's give each thread 4 rows of 4 words, so that the
+    inputs it converts serve 4 rows: 8.98 instructions a byte on sm_90 in 96 registers (`python -m
+    minillm.kernels.sass`), where 8 rows on 2 warps issue 8.38 but take 255 registers, which leaves
+    room for 8 warps an SM to wait on memory.
     The tl.dot kernel stages x's rows and the weight tile in shared memory for the tensor cores, and
     takes narrower tiles where a GPU has too little of it."""
     block_k = min(128, group_size) if int4 else (128 if rows > 1 else 256)
     if rows == 1:
-        return (128, block_k, 2) if int4 else (16, block_k, 4)
+        return (128, block_k, 4) if int4 else (16, block_k, 4)
     if target is None:
         return 64, block_k, 4
     if target.capability < 80:
@@ -216,7 +218,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor, zeros_arg:
     n_blocks, k_tiles = triton.cdiv(out_features, block_n), triton.cdiv(in_features, block_k)
     if split_k is None:
         split_k = _gemv_splits(target, n_blocks, k_tiles, rows, out_features, weight.numel() * weight.element_size(),
-                               programs_per_sm=16 if int4 and rows == 1 else 4)
+                               programs_per_sm=8 if int4 and rows == 1 else 4)
     tiles_per_split = triton.cdiv(k_tiles, min(split_k, k_tiles))
     splits = triton.cdiv(k_tiles, tiles_per_split)  # no slice left empty
     m_blocks = 1 if rows == 1 else triton.cdiv(rows, GEMV_MAX_ROWS)

@@ -43,7 +43,7 @@ def test_the_one_row_int4_loop_leaves_memory_the_limit(costs):
     # 13.8 instructions a byte before each thread kept its own sums over 8 levels a word: the
     # issue rate alone then capped an H100 at about its copy bandwidth.
     per_byte, mix = costs["int4 1"]
-    assert per_byte < 9, mix
+    assert per_byte < 9.5, mix
 
 
 def test_the_tensor_core_int4_loop_reads_words_too(costs):
