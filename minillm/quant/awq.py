@@ -25,8 +25,9 @@ from minillm.quant import INT4_GROUP_SIZES
 from minillm.quant.int4 import pack_int4
 
 QUANT_METHOD = "awq"
-# transformers' AwqConfig also names "exllama" (and AutoAWQ "marlin"), kernels that repack a GEMM
-# checkpoint's weights when it loads: a model saved after that holds the repacked layout, not GEMM's.
+# AutoAWQ's "gemv", "gemv_fast" and "marlin" versions are layouts of their own on disk; transformers'
+# "exllama" repacks a GEMM checkpoint's weights as the model loads, so one saved after that holds the
+# repacked layout. All are refused.
 GEMM_VERSION = "gemm"
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # the output each nibble of a packed word holds, low bits first
 
