@@ -71,15 +71,11 @@ def _gemv_kernel(x_ptr, w_ptr, scales_ptr, zeros_ptr, bias_ptr, out_ptr, partial
         for k0 in range(start, end, BLOCK_K):
             x = tl.load(x_rows + (k0 + tl.arange(0, BLOCK_K))[None, :], mask=mask_m[:, None], other=0.0)
             w = tl.load(w_ptr + rows + (k0 // 8 + tl.arange(0, WORDS))[None, :], mask=mask_n[:, None], other=0)
-            x0, x1, x2, x3, x4, x5, x6, x7 = nibble_inputs(x, WORDS)
-            products = tl.dot(x0, tl.trans(word_dot_level(w, 0, x.dtype)), input_precision=PRECISION)
-            products = tl.dot(x1, tl.trans(word_dot_level(w, 1, x.dtype)), products, input_precision=PRECISION)
-            products = tl.dot(x2, tl.trans(word_dot_level(w, 2, x.dtype)), products, input_precision=PRECISION)
-            products = tl.dot(x3, tl.trans(word_dot_level(w, 3, x.dtype)), products, input_precision=PRECISION)
-            products = tl.dot(x4, tl.trans(word_dot_level(w, 4, x.dtype)), products, input_precision=PRECISION)
-            products = tl.dot(x5, tl.trans(word_dot_level(w, 5, x.dtype)), products, input_precision=PRECISION)
-            products = tl.dot(x6, tl.trans(word_dot_level(w, 6, x.dtype)), products, input_precision=PRECISION)
-            products = tl.dot(x7, tl.trans(word_dot_level(w, 7, x.dtype)), products, input_precision=PRECISION)
+            planes = nibble_inputs(x, WORDS)
+            products = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+            for i in tl.static_range(8):
+                products = tl.dot(planes[i], tl.trans(word_dot_level(w, i, x.dtype)), products,
+                                  input_precision=PRECISION)
             group = k0 // GROUP_SIZE
             scale = tl.load(scales_ptr + offs_n * stride_sn + group, mask=mask_n, other=0.0).to(tl.float32)
             zero = tl.load(zeros_ptr + offs_n * stride_sn + group, mask=mask_n, other=0.0).to(tl.float32)
@@ -124,11 +120,10 @@ def _gemv_row_kernel(x_ptr, w_ptr, scales_ptr, zeros_ptr, bias_ptr, out_ptr, par
         for k0 in range(start, end, BLOCK_K):
             w = tl.load(w_ptr + rows + (k0 // 8 + offs_j)[None, :], mask=mask_n[:, None], other=0)
             x = tl.load(x_ptr + k0 + tl.arange(0, BLOCK_K)).to(tl.float32)
-            x0, x1, x2, x3, x4, x5, x6, x7 = nibble_inputs(x, WORDS)
-            sums = (word_level(w, 0) * x0[None, :] + word_level(w, 1) * x1[None, :]
-                    + word_level(w, 2) * x2[None, :] + word_level(w, 3) * x3[None, :]
-                    + word_level(w, 4) * x4[None, :] + word_level(w, 5) * x5[None, :]
-                    + word_level(w, 6) * x6[None, :] + word_level(w, 7) * x7[None, :])
+            planes = nibble_inputs(x, WORDS)
+            sums = tl.zeros([BLOCK_N, WORDS], tl.float32)
+            for i in tl.static_range(8):
+                sums += word_level(w, i) * planes[i][None, :]
             group = k0 // GROUP_SIZE
             scale = tl.load(scales_ptr + offs_n * stride_sn + group, mask=mask_n, other=0.0).to(tl.float32)
             zero = tl.load(zeros_ptr + offs_n * stride_sn + group, mask=mask_n, other=0.0).to(tl.float32)
