@@ -24,8 +24,9 @@ import gc
 
 import torch
 
-from minillm.bench.engine_steps import decode_step_seconds, mixed_step_seconds, prefill_seconds
+from minillm.bench.engine_steps import decode_len, decode_step_seconds, mixed_step_seconds, prefill_seconds
 from minillm.bench.timing import copy_bandwidth, graph_time, matmul_flops, num_copies, read_bandwidth, wall_time
+from minillm.config.engine import SchedulerConfig
 from minillm.config.model import ModelConfig
 from minillm.kv.pool import kv_bytes_per_token
 from minillm.llm import LLM
@@ -130,13 +131,16 @@ def bench_decode(model: str, batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64,
         raise ValueError(f"modes must be some of {MODES}, got {modes!r}")
     common = dict(device=device, dtype=dtype, skip_tokenizer_init=True, enable_prefix_caching=False,
                   load_format=load_format)
-    blocks_per_seq = -(-(max(context, MIXED_CHUNK) + steps + 16) // 16)
+    # The longest sequence: the largest batch's (`decoding`), or the mixed step's prompt chunk.
+    max_model_len = max(decode_len(max(batches), context, steps, SchedulerConfig.max_num_batched_tokens),
+                        MIXED_CHUNK + 16)
+    blocks_per_seq = -(-max_model_len // 16)
     decode_rows = []
     mixed_ms: dict[str, float] = {}
     capture: dict[str, float] = {}
     for mode in (m for m in MODES if m in modes):
         llm = LLM(model, **common, max_num_seqs=max(batches), num_kv_blocks=max(batches) * blocks_per_seq,
-                  max_model_len=max(context, MIXED_CHUNK) + steps + 16, enforce_eager=mode == "eager",
+                  max_model_len=max_model_len, enforce_eager=mode == "eager",
                   async_scheduling=mode == "async")
         engine = llm.llm_engine
         dev, config, torch_dtype = engine.device, engine.model_config, engine.dtype
@@ -156,10 +160,10 @@ def bench_decode(model: str, batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64,
             peak = matmul_flops(dev, torch_dtype, 8192 if dev.type == "cuda" else 1024)
             ridge = peak / copy_bw
         for batch in batches:
-            runs, replay = decode_step_seconds(llm, batch, context, steps)
+            runs, replay, length = decode_step_seconds(llm, batch, context, steps)
             seconds = sorted(runs)[len(runs) // 2]
-            moved = read_bytes + batch * (context + steps // 2) * kv_token
-            flops = batch * step_flops(config, 1, context + steps // 2)
+            moved = read_bytes + round(batch * (length + steps // 2)) * kv_token
+            flops = batch * step_flops(config, 1, round(length) + steps // 2)
             row = _roofline({"mode": mode, "batch": batch, "step_ms": seconds * 1e3,
                              "step_ms_runs": [t * 1e3 for t in runs],  # for a spread: bench/verdict.py
                              "tokens_per_s": batch / seconds}, moved, flops, seconds, ridge, copy_bw)

@@ -25,13 +25,26 @@ def random_prompt(vocab: int, length: int, seed: int) -> dict:
             .tolist()}
 
 
+def decode_len(batch: int, context: int, steps: int, max_num_batched_tokens: int) -> int:
+    """The most tokens one of `decoding`'s sequences reaches: its prompt, the tokens it decodes while
+    the batch's later prompts are prefilled (a step holds max_num_batched_tokens), and `steps` more
+    with a margin. An engine for `decoding` needs max_model_len and KV blocks for this many."""
+    return context + -(-batch * context // max_num_batched_tokens) + steps + 8
+
+
 @contextlib.contextmanager
 def decoding(llm: LLM, batch: int, context: int, steps: int) -> Iterator[LLMEngine]:
     """The engine with `batch` requests of `context` random prompt tokens, each past its prefill and
-    one decode step, that can take `steps` more pure decode steps; the requests are aborted at the end."""
+    one decode step, that can take `steps` more pure decode steps of all `batch` sequences; the
+    requests are aborted at the end. The prompts admitted first decode while the later ones are
+    prefilled, so none may finish before the last one has: each may reach `decode_len` tokens."""
     engine = llm.llm_engine
     vocab = engine.model_config.vocab_size
-    params = SamplingParams(temperature=0, max_tokens=steps + 8, ignore_eos=True)
+    longest = decode_len(batch, context, steps, engine.scheduler.max_num_batched_tokens)
+    if longest > engine.max_model_len:
+        raise ValueError(f"{batch} sequences of {context} prompt tokens and {steps} decode steps need "
+                         f"max_model_len >= {longest}, got {engine.max_model_len}")
+    params = SamplingParams(temperature=0, max_tokens=longest - context, ignore_eos=True)
     ids = [f"decode-{batch}-{i}" for i in range(batch)]
     for i, request_id in enumerate(ids):
         engine.add_request(request_id, random_prompt(vocab, context, i), params)
@@ -54,13 +67,15 @@ def _timed_step(engine: LLMEngine, from_idle: bool = True) -> float:
     return time.perf_counter() - start
 
 
-def decode_step_seconds(llm: LLM, batch: int, context: int, steps: int) -> tuple[list[float], float | None]:
-    """Seconds of each of `steps` pure decode steps of `batch` sequences whose contexts reach about `context`;
-    and the GPU seconds of the last one's graph replayed alone (None without one). With async
-    scheduling the steps run back to back: each one's time is then what it adds to the run."""
+def decode_step_seconds(llm: LLM, batch: int, context: int, steps: int) -> tuple[list[float], float | None, float]:
+    """Seconds of each of `steps` pure decode steps of `batch` sequences of `context` prompt tokens;
+    the GPU seconds of the last one's graph replayed alone (None without one); and the sequences'
+    mean length when the first of them began (the first prompts admitted have decoded further). With
+    async scheduling the steps run back to back: each one's time is then what it adds to the run."""
     with decoding(llm, batch, context, steps) as engine:
         from_idle = not engine.config.scheduler.async_scheduling
-        return [_timed_step(engine, from_idle) for _ in range(steps)], _replay_seconds(engine, batch)
+        length = sum(seq.num_tokens for seq in engine.scheduler.running) / batch
+        return [_timed_step(engine, from_idle) for _ in range(steps)], _replay_seconds(engine, batch), length
 
 
 def _replay_seconds(engine: LLMEngine, batch: int) -> float | None:

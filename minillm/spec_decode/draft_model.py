@@ -58,6 +58,7 @@ class DraftModelProposer:
         """The draft's steps through CUDA graphs (capture=False: the same padded path, eagerly)."""
         self.cuda_graphs = CudaGraphs(self.model, self.attn_backend, self.buffers, max_num_seqs, max_num_tokens,
                                       max_num_seqs, capture, decode_only, "draft model")
+        self.advance_graphs = {}  # those of an earlier capture would replay even where capture=False
         if capture:
             self._capture_advance()
 

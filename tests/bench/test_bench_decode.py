@@ -1,4 +1,5 @@
-"""`minillm bench decode`: the bytes and flops it charges a step with, and the table it prints."""
+"""`minillm bench decode`: the bytes and flops it charges a step with, the steps it times, and the
+table it prints."""
 
 from __future__ import annotations
 
@@ -13,9 +14,11 @@ from test_cli import minillm
 from minillm import LLM
 from minillm.bench import random_llama
 from minillm.bench.decode import decode_step_bytes, weight_bytes
+from minillm.bench.engine_steps import decode_len, decode_step_seconds
 from minillm.bench.random_llama import llama_config, write_llama_config
 from minillm.bench.shapes import SHAPES
 from minillm.cli import main
+from minillm.engine.trace import record
 from minillm.models.registry import model_config_from_hf
 
 
@@ -31,6 +34,23 @@ def test_weight_bytes_count_what_a_decode_step_reads(kind, tmp_path):
     # An untied embedding table is only looked up (a row per token); a tied one is the output head.
     assert read == 4 * (sum(params.values()) - (0 if hf.config.tie_word_embeddings else embed))
     assert linear == sum(params.values()) - norms - (0 if hf.config.tie_word_embeddings else embed)
+
+
+def test_every_timed_step_decodes_the_whole_batch():
+    """Eight 64-token prompts take more than sixteen steps of 32 tokens to prefill; the first ones
+    decode meanwhile, and must not finish before the timed steps are over (they did: steps of "64
+    sequences" of 512 tokens ran 60 down to 25 of them)."""
+    batch, context, steps = 8, 64, 4
+    longest = decode_len(batch, context, steps, 32)
+    llm = LLM("tiny", device="cpu", skip_tokenizer_init=True, max_num_batched_tokens=32, max_model_len=longest)
+    with record(llm) as trace:
+        runs, replay, length = decode_step_seconds(llm, batch, context, steps)
+    assert len(runs) == steps and replay is None
+    assert [len(event.seqs) for event in trace.events[-steps:]] == [batch] * steps
+    assert context + 1 < length < longest
+    with pytest.raises(ValueError, match=f"max_model_len >= {longest}"):
+        decode_step_seconds(LLM("tiny", device="cpu", skip_tokenizer_init=True, max_num_batched_tokens=32,
+                                max_model_len=longest - 1), batch, context, steps)
 
 
 def test_bench_decode_prints_the_roofline(tmp_path):
@@ -80,7 +100,8 @@ def test_a_shape_decodes_from_random_weights_made_on_the_device(tmp_path, monkey
     summary = payload["summary"]
     assert row["mode"] == "eager"  # no graphs on a CPU: labelled by what ran
     config = model_config_from_hf(llama_config(**toy).to_dict())
-    assert row["GB_per_step"] * 1e9 == pytest.approx(decode_step_bytes(config, 1, 16 + 1, torch.float32))
+    # Timing begins with the prompt and two tokens decoded; a step is charged the K/V of the middle one.
+    assert row["GB_per_step"] * 1e9 == pytest.approx(decode_step_bytes(config, 1, 16 + 2 + 3 // 2, torch.float32))
     assert summary["batch1_of_copy_bw"] == pytest.approx(row["GB_s"] / summary["copy_GB_s"])
     assert summary["batch1_of_read_bw"] == pytest.approx(row["GB_s"] / summary["read_GB_s"])
     assert summary["graph_capture_s"] is None and summary["graph_memory_GiB"] is None  # nothing captured

@@ -1,6 +1,7 @@
 """scripts/gpu_check.sh is wired: on a machine without a GPU it runs dry, listing every tier and step
 with its estimate and the command it would run; the targets table reads the benchmarks' JSON; the
-wheels for the GPU machine download and report their size."""
+wheels for the GPU machine download and report their size; the quantized-matmul sweep says it
+needs a GPU."""
 
 from __future__ import annotations
 
@@ -44,6 +45,20 @@ def test_gpu_check_runs_dry_and_lists_tiers_steps_and_estimates(tmp_path):
     assert "bench step" in host and "--baseline d92481a" in host  # this checkout has the history
     for path in re.findall(r"(tests/\S+\.py)", summary):  # every test file it names exists
         assert (SCRIPTS.parent / path).exists(), path
+
+
+def test_a_dry_run_needs_no_outdir():
+    result = subprocess.run(["bash", str(SCRIPTS / "gpu_check.sh"), "--dry-run"], capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "| 1 | env | NOT RUN: dry run" in result.stdout
+
+
+def test_the_quant_sweep_refuses_a_machine_without_a_gpu():
+    result = subprocess.run([sys.executable, str(SCRIPTS / "quant_gemv_sweep.py")], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 1
+    assert "times kernels on a CUDA GPU; none is visible" in result.stderr
 
 
 def test_a_subset_or_a_small_budget_leaves_the_rest_not_run_with_the_reason(tmp_path):

@@ -63,7 +63,9 @@ def test_async_scheduling_generates_what_the_synchronous_engine_does(feature):
     llm = LLM("tiny", **args, async_scheduling=True)
     ahead = ran_ahead(llm)
     got = step_until_done(llm, prompts, params, abort_step)
-    assert_same(got, want, atol=1e-4 if feature == "int8 cache" else 1e-5)
+    # In the INT8 cache such a last bit can move a stored K or V by a whole level: 7e-4 apart on a
+    # 16-core CPU (the GPU check of 2026-11-27), 1e-4 on 2 cores.
+    assert_same(got, want, atol=2e-3 if feature == "int8 cache" else 1e-5)
     # Most steps took their decodes' tokens from the step before, on the device.
     assert sum(n > 0 for n in ahead) > len(ahead) // 2, ahead
     engine, sync_engine = llm.llm_engine, sync.llm_engine
@@ -136,8 +138,9 @@ def test_a_request_id_aborted_and_added_again_while_its_step_is_in_flight():
 
 
 def test_the_padded_path_of_the_triton_backend():
-    """The CUDA graphs' padded buffers, run eagerly under Triton's interpreter, with a prefix-cache hit,
-    a preemption and an abort: the placeholders are copied into padded input rows."""
+    """The CUDA graphs' padded buffers, run eagerly (on a GPU where there is one, else under Triton's
+    interpreter), with a prefix-cache hit, a preemption and an abort: the placeholders are copied
+    into padded input rows."""
     pytest.importorskip("triton")
     prompts = [{"prompt_token_ids": PREFIX + list(range(30 + i, 32 + 6 * i))} for i in range(3)]
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True, logprobs=1) for n in (4, 8, 6)]
@@ -145,7 +148,7 @@ def test_the_padded_path_of_the_triton_backend():
     # the second still runs, and one is preempted.
     args = engine_args(skip_tokenizer_init=True, attention_backend="triton", enable_prefix_caching=True,
                        block_size=16, num_kv_blocks=3)
-    args.update(max_model_len=48, enforce_eager=True)
+    args.update(max_model_len=48, enforce_eager=True, device="cuda" if torch.cuda.is_available() else "cpu")
 
     def generate(async_scheduling: bool):
         llm = LLM("tiny", **args, async_scheduling=async_scheduling)

@@ -1,0 +1,102 @@
+"""What the decode path of the quantized matmuls (`minillm/kernels/quant_gemv.py`) is sensitive to,
+on a CUDA GPU: the same layers as `minillm bench quant`, each launch parameter varied alone
+around the shipped choice (input slices, tile shape and warps, Triton's pipeline stages), beside
+fp16 F.linear and the device's read-only bandwidth, CUDA-graph timed on copies of the weights as
+`bench quant` times them. For deciding what to change in a kernel before changing it.
+
+    python scripts/quant_gemv_sweep.py [OUT.json]     # about 30 s on an H100
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from minillm.bench.report import format_table
+from minillm.bench.timing import graph_time, num_copies, read_bandwidth
+from minillm.kernels import quant_gemv
+from minillm.kernels.quant_matmul import int4_matmul, int8_matmul
+from minillm.quant.int4 import quantize_int4
+from minillm.quant.int8 import quantize_int8
+
+SHAPES = ((4096, 14336), (8192, 8192), (4096, 4096))  # (in, out)
+GROUP_SIZE = 128
+
+
+class _Staged:
+    """A kernel whose launches all take num_stages=stages."""
+
+    def __init__(self, kernel, stages: int):
+        self.kernel, self.stages = kernel, stages
+
+    def __getitem__(self, grid):
+        return functools.partial(self.kernel[grid], num_stages=self.stages)
+
+
+def _weights(kind: str, in_features: int, out_features: int) -> tuple[int, list[tuple]]:
+    """Bytes of one copy, and enough copies that none is read from L2 (bench/timing.py)."""
+    weight = torch.randn(out_features, in_features, dtype=torch.float16, device="cuda") * in_features ** -0.5
+    args = {"fp16": lambda: (weight,), "int8": lambda: quantize_int8(weight),
+            "int4": lambda: (*quantize_int4(weight, GROUP_SIZE), GROUP_SIZE)}[kind]()
+    nbytes = sum(a.numel() * a.element_size() for a in args if isinstance(a, torch.Tensor))
+    return nbytes, [tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args)
+                    for _ in range(num_copies(nbytes))]
+
+
+def _time(kind: str, shape: tuple[int, int], rows: int, split_k: int | None) -> tuple[float, int]:
+    nbytes, copies = _weights(kind, *shape)
+    x = torch.randn(rows, shape[0], dtype=torch.float16, device="cuda")
+    matmul: Callable = {"fp16": F.linear, "int8": int8_matmul, "int4": int4_matmul}[kind]
+    kwargs = {} if kind == "fp16" else {"split_k": split_k}
+    return graph_time([functools.partial(matmul, x, *args, **kwargs) for args in copies]), nbytes
+
+
+def sweep() -> list[dict]:
+    read_bw = read_bandwidth()
+    tiles, row_kernel, dot_kernel = quant_gemv.gemv_tiles, quant_gemv._gemv_row_kernel, quant_gemv._gemv_kernel
+    # (kind, rows, varied, value, split_k, tile override, stages)
+    runs = [("fp16", 1, "shipped", "", None, None, None)]
+    runs += [("int4", 1, "split-K", str(s or "as chosen"), s, None, None) for s in (1, 2, 4, 8, None)]
+    runs += [("int4", 1, "tile", "x".join(map(str, t)), None, t, None)
+             for t in ((64, 128, 4), (64, 128, 2), (32, 128, 1), (128, 128, 8), (256, 128, 8))]
+    runs += [("int4", 1, "stages", str(n), None, None, n) for n in (1, 2, 4)]
+    runs += [("int4", 16, "tile", "x".join(map(str, t)) if t else "shipped", None, t, None)
+             for t in (None, (64, 128, 4), (128, 128, 8))]
+    runs += [("int8", 1, "shipped", "", None, None, None), ("int8", 2, "shipped", "", None, None, None)]
+    runs += [("int8", 2, "split-K", str(s), s, None, None) for s in (1, 4)]
+    runs += [("int8", 2, "tile", "x".join(map(str, t)), None, t, None) for t in ((32, 128, 4), (128, 128, 8))]
+    rows = []
+    try:
+        for kind, m, varied, value, split_k, tile, stages in runs:
+            quant_gemv.gemv_tiles = (lambda *_, tile=tile: tile) if tile else tiles
+            quant_gemv._gemv_row_kernel = _Staged(row_kernel, stages) if stages else row_kernel
+            quant_gemv._gemv_kernel = _Staged(dot_kernel, stages) if stages else dot_kernel
+            for shape in SHAPES:
+                seconds, nbytes = _time(kind, shape, m, split_k)
+                rows.append({"kind": kind, "rows": m, "varied": varied, "value": value,
+                             "shape": f"{shape[0]}x{shape[1]}", "us": seconds * 1e6,
+                             "of_read_bw": nbytes / seconds / read_bw})
+    finally:
+        quant_gemv.gemv_tiles, quant_gemv._gemv_row_kernel, quant_gemv._gemv_kernel = tiles, row_kernel, dot_kernel
+    return rows
+
+
+def main() -> None:
+    if not torch.cuda.is_available():
+        sys.exit("quant_gemv_sweep.py times kernels on a CUDA GPU; none is visible")
+    rows = sweep()
+    columns = [("kind", "weights"), ("rows", "rows"), ("varied", "varied"), ("value", "value"), ("shape", "in x out"),
+               ("us", "µs"), ("of_read_bw", "of read bw")]
+    print(format_table(rows, columns))
+    if len(sys.argv) > 1:
+        Path(sys.argv[1]).write_text(json.dumps({"device": torch.cuda.get_device_name(), "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
