@@ -1,10 +1,11 @@
 """What the decode path of the quantized matmuls (`minillm/kernels/quant_gemv.py`) is sensitive to,
-on a CUDA GPU: the same layers as `minillm bench quant`, each launch parameter varied alone
-around the shipped choice (input slices, tile shape and warps, Triton's pipeline stages), beside
-fp16 F.linear and the device's read-only bandwidth, CUDA-graph timed on copies of the weights as
-`bench quant` times them. For deciding what to change in a kernel before changing it.
+on a CUDA GPU: the same layers as `minillm bench quant`, each launch parameter varied alone around
+the shipped choice (input slices, tile shape and warps, Triton's pipeline stages, the one-row int4
+kernel's loads issued a tile ahead or not), beside fp16 F.linear and the device's read-only
+bandwidth, CUDA-graph timed on copies of the weights as `bench quant` times them. For deciding what
+to change in a kernel before changing it.
 
-    python scripts/quant_gemv_sweep.py [OUT.json]     # about 30 s on an H100
+    python scripts/quant_gemv_sweep.py [OUT.json]     # about 40 s on an H100
 """
 
 from __future__ import annotations
@@ -29,14 +30,14 @@ SHAPES = ((4096, 14336), (8192, 8192), (4096, 4096))  # (in, out)
 GROUP_SIZE = 128
 
 
-class _Staged:
-    """A kernel whose launches all take num_stages=stages."""
+class _Forced:
+    """A kernel whose launches all take `options` (num_stages, a constexpr), whatever the launcher says."""
 
-    def __init__(self, kernel, stages: int):
-        self.kernel, self.stages = kernel, stages
+    def __init__(self, kernel, **options):
+        self.kernel, self.options = kernel, options
 
     def __getitem__(self, grid):
-        return functools.partial(self.kernel[grid], num_stages=self.stages)
+        return lambda *args, **kwargs: self.kernel[grid](*args, **{**kwargs, **self.options})
 
 
 def _weights(kind: str, in_features: int, out_features: int) -> tuple[int, list[tuple]]:
@@ -60,23 +61,28 @@ def _time(kind: str, shape: tuple[int, int], rows: int, split_k: int | None) -> 
 def sweep() -> list[dict]:
     read_bw = read_bandwidth()
     tiles, row_kernel, dot_kernel = quant_gemv.gemv_tiles, quant_gemv._gemv_row_kernel, quant_gemv._gemv_kernel
-    # (kind, rows, varied, value, split_k, tile override, stages)
-    runs = [("fp16", 1, "shipped", "", None, None, None)]
-    runs += [("int4", 1, "split-K", str(s or "as chosen"), s, None, None) for s in (1, 2, 4, 8, None)]
-    runs += [("int4", 1, "tile", "x".join(map(str, t)), None, t, None)
+    # (kind, rows, varied, value, split_k, tile override, options forced on the kernel's launches)
+    runs = [("fp16", 1, "shipped", "", None, None, {})]
+    runs += [("int4", 1, "split-K", str(s or "as chosen"), s, None, {}) for s in (1, 2, 4, 8, None)]
+    runs += [("int4", 1, "tile", "x".join(map(str, t)), None, t, {})
              for t in ((64, 128, 4), (64, 128, 2), (32, 128, 1), (128, 128, 8), (256, 128, 8))]
-    runs += [("int4", 1, "stages", str(n), None, None, n) for n in (1, 2, 4)]
-    runs += [("int4", 16, "tile", "x".join(map(str, t)) if t else "shipped", None, t, None)
+    runs += [("int4", 1, "stages", str(n), None, None, {"num_stages": n}) for n in (1, 2, 4)]
+    runs += [("int4", 1, "prefetch", "off", s, t, {"PREFETCH": False})
+             for s, t in ((None, None), (None, (64, 128, 4)), (1, None))]
+    runs += [("int4", 1, "prefetch", "on", s, t, {}) for s, t in ((None, (64, 128, 4)), (1, None))]
+    runs += [("int4", 16, "tile", "x".join(map(str, t)) if t else "shipped", None, t, {})
              for t in (None, (64, 128, 4), (128, 128, 8))]
-    runs += [("int8", 1, "shipped", "", None, None, None), ("int8", 2, "shipped", "", None, None, None)]
-    runs += [("int8", 2, "split-K", str(s), s, None, None) for s in (1, 4)]
-    runs += [("int8", 2, "tile", "x".join(map(str, t)), None, t, None) for t in ((32, 128, 4), (128, 128, 8))]
+    runs += [("int4", 16, "stages", str(n), None, None, {"num_stages": n}) for n in (1, 2, 4)]
+    runs += [("int8", 1, "shipped", "", None, None, {}), ("int8", 2, "shipped", "", None, None, {})]
+    runs += [("int8", 2, "split-K", str(s), s, None, {}) for s in (1, 4)]
+    runs += [("int8", 2, "tile", "x".join(map(str, t)), None, t, {}) for t in ((32, 128, 4), (128, 128, 8))]
     rows = []
     try:
-        for kind, m, varied, value, split_k, tile, stages in runs:
+        for kind, m, varied, value, split_k, tile, options in runs:
             quant_gemv.gemv_tiles = (lambda *_, tile=tile: tile) if tile else tiles
-            quant_gemv._gemv_row_kernel = _Staged(row_kernel, stages) if stages else row_kernel
-            quant_gemv._gemv_kernel = _Staged(dot_kernel, stages) if stages else dot_kernel
+            quant_gemv._gemv_row_kernel = _Forced(row_kernel, **options) if options else row_kernel
+            forced_dot = {k: v for k, v in options.items() if k != "PREFETCH"}
+            quant_gemv._gemv_kernel = _Forced(dot_kernel, **forced_dot) if forced_dot else dot_kernel
             for shape in SHAPES:
                 seconds, nbytes = _time(kind, shape, m, split_k)
                 rows.append({"kind": kind, "rows": m, "varied": varied, "value": value,

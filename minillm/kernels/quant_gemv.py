@@ -9,10 +9,12 @@ kernel (`_gemv_row_kernel`) on the plain ALUs, where an int4 weight costs a shif
 operation and one fp32 multiply-add, and an int8 weight one bitwise operation and a multiply-add;
 each thread sums its own products, and the rows are reduced across threads once, after the loop.
 
-At batch 1 such a kernel is bound by the instructions it issues as much as by memory: an H100
-issues about 33 T lane-instructions a second, so reading 2.4 TB/s leaves at most about 14
-instructions a byte. `python -m minillm.kernels.sass` counts the loops' from their machine code:
-9.0 for int4's one row and 8.7 for its 2 to 16, against 13.8 and 14.7 before they read words.
+At batch 1 such a kernel can be bound by the instructions it issues: an H100 issues about 33 T
+lane-instructions a second, so reading 2.4 TB/s leaves at most about 14 instructions a byte.
+`python -m minillm.kernels.sass` counts the loops' from their machine code: 9.0 for int4's one
+row (9.6 with its loads a tile ahead) and 8.7 for its 2 to 16, against 13.8 and 14.7 before they
+read words. That count is a ceiling: the kernels that issued 9.0 and 8.7 still read at about half
+of an H100's bandwidth (BENCHMARKS.md), so what keeps bytes in flight matters as much.
 
 Split-K is one launch: the last slice of each output block to finish adds the slices' partial sums
 in a fixed order, so results do not vary from run to run (greedy decoding stays reproducible) and a
@@ -92,10 +94,23 @@ def _gemv_kernel(x_ptr, w_ptr, scales_ptr, zeros_ptr, bias_ptr, out_ptr, partial
 
 
 @triton.jit
+def _row_tile(w_ptr, x_ptr, scales_ptr, zeros_ptr, rows, offs_n, mask_n, offs_j, k0, stride_sn,
+              GROUP_SIZE: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The int4 one-row kernel's loads for the tile at input k0: its int32 words, its inputs (fp32),
+    and its rows' scale and zero point (fp32)."""
+    w = tl.load(w_ptr + rows + (k0 // 8 + offs_j)[None, :], mask=mask_n[:, None], other=0)
+    x = tl.load(x_ptr + k0 + tl.arange(0, BLOCK_K)).to(tl.float32)
+    group = k0 // GROUP_SIZE
+    scale = tl.load(scales_ptr + offs_n * stride_sn + group, mask=mask_n, other=0.0).to(tl.float32)
+    zero = tl.load(zeros_ptr + offs_n * stride_sn + group, mask=mask_n, other=0.0).to(tl.float32)
+    return w, x, scale, zero
+
+
+@triton.jit
 def _gemv_row_kernel(x_ptr, w_ptr, scales_ptr, zeros_ptr, bias_ptr, out_ptr, partial_ptr, counter_ptr, N, K,
                      tiles_per_split, num_splits, stride_wn, stride_sn, stride_split, INT4: tl.constexpr,
                      GROUP_SIZE: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr,
-                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PREFETCH: tl.constexpr = True):
     """One row of x: program (n, s) sums output channels of block n over input slice s. Levels are
     fp32 numbers 2**BITS + level (`float_levels`), the offset folded into the sum as in
     `quant_tiles.py`."""
@@ -114,21 +129,33 @@ def _gemv_row_kernel(x_ptr, w_ptr, scales_ptr, zeros_ptr, bias_ptr, out_ptr, par
         # leave their thread inside the loop (only the inputs do). The tile lies in one group
         # (BLOCK_K divides GROUP_SIZE, and K is a multiple of it): its scale and zero point are
         # applied to each word's sum of 8 products.
+        # PREFETCH: each tile's loads are issued a tile ahead, before the arithmetic on the tile
+        # before. The loop does not pipeline them itself (Triton pipelines loads that feed a
+        # tl.dot), so a program otherwise waits for its words, then works with none of its bytes
+        # in flight; ahead, it holds a second tile's registers (128 a thread on sm_90, 96 without).
         WORDS: tl.constexpr = BLOCK_K // 8
         offs_j = tl.arange(0, WORDS)
         acc2 = tl.zeros([BLOCK_N, WORDS], tl.float32)
+        if PREFETCH:
+            w, x, scale, zero = _row_tile(w_ptr, x_ptr, scales_ptr, zeros_ptr, rows, offs_n, mask_n, offs_j, start,
+                                          stride_sn, GROUP_SIZE, BLOCK_K)
         for k0 in range(start, end, BLOCK_K):
-            w = tl.load(w_ptr + rows + (k0 // 8 + offs_j)[None, :], mask=mask_n[:, None], other=0)
-            x = tl.load(x_ptr + k0 + tl.arange(0, BLOCK_K)).to(tl.float32)
+            if PREFETCH:  # the last tile loads itself again (from cache) rather than branch
+                ahead = tl.minimum(k0 + BLOCK_K, end - BLOCK_K)
+                w_next, x_next, scale_next, zero_next = _row_tile(w_ptr, x_ptr, scales_ptr, zeros_ptr, rows, offs_n,
+                                                                  mask_n, offs_j, ahead, stride_sn, GROUP_SIZE,
+                                                                  BLOCK_K)
+            else:
+                w, x, scale, zero = _row_tile(w_ptr, x_ptr, scales_ptr, zeros_ptr, rows, offs_n, mask_n, offs_j, k0,
+                                              stride_sn, GROUP_SIZE, BLOCK_K)
             planes = nibble_inputs(x, WORDS)
             sums = tl.zeros([BLOCK_N, WORDS], tl.float32)
             for i in tl.static_range(8):
                 sums += word_level(w, i) * planes[i][None, :]
-            group = k0 // GROUP_SIZE
-            scale = tl.load(scales_ptr + offs_n * stride_sn + group, mask=mask_n, other=0.0).to(tl.float32)
-            zero = tl.load(zeros_ptr + offs_n * stride_sn + group, mask=mask_n, other=0.0).to(tl.float32)
             x_sums = tl.sum(tl.reshape(x, [WORDS, 8]), 1)
             acc2 += (sums - (zero + 16)[:, None] * x_sums[None, :]) * scale[:, None]
+            if PREFETCH:
+                w, x, scale, zero = w_next, x_next, scale_next, zero_next
         acc = tl.sum(acc2, 1)[None, :]
     else:
         # int8: one scale per row, applied when the rows are stored, so products are summed
@@ -153,9 +180,9 @@ def gemv_tiles(target: GPUSpec | None, rows: int, int4: bool, group_size: int,
     """(BLOCK_N, BLOCK_K, warps) of the gemv path on `target` (None: the interpreter), a tile lying
     in one int4 group. The one-row kernel holds its tiles in registers: int8's sizes are the fastest
     of a sweep on an H100 (BENCHMARKS.md); int4's give each thread 4 rows of 4 words, so that the
-    inputs it converts serve 4 rows: 8.98 instructions a byte on sm_90 in 96 registers (`python -m
-    minillm.kernels.sass`), where 8 rows on 2 warps issue 8.38 but take 255 registers, which leaves
-    room for 8 warps an SM to wait on memory.
+    inputs it converts serve 4 rows: 8.98 instructions a byte on sm_90 in 96 registers, 9.56 in 128
+    with its loads a tile ahead (`python -m minillm.kernels.sass`), where 8 rows on 2 warps issue
+    8.38 but take 255 registers, which leaves room for 8 warps an SM to wait on memory.
     The tl.dot kernel stages x's rows and the weight tile in shared memory for the tensor cores, and
     takes narrower tiles where a GPU has too little of it."""
     block_k = min(128, group_size) if int4 else (128 if rows > 1 else 256)

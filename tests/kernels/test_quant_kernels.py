@@ -17,6 +17,7 @@ from torch import nn
 
 pytest.importorskip("triton")
 
+from minillm.kernels import quant_gemv  # noqa: E402
 from minillm.kernels.ops import load_ops  # noqa: E402
 from minillm.kernels.quant_matmul import GEMV_MAX_ROWS, int4_matmul, int8_matmul, pick_path  # noqa: E402
 from minillm.layers.quant_linear import QuantLinear, quantize_model  # noqa: E402
@@ -148,6 +149,28 @@ def test_int8_is_exact(k, n, dtype):
 def test_int4_is_exact(k, n, group_size, dtype):
     args = exactly_summed("int4", k, n, dtype, group_size, seed=k + n + group_size)
     check_exact_on_every_row_count_and_path("int4", args, k, n, dtype, seed=k + group_size)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_name)
+def test_the_one_row_int4_kernel_is_exact_without_prefetch_too(dtype, monkeypatch):
+    """The one-row int4 kernel issues each tile's loads a tile ahead (PREFETCH, its default); the
+    loop without (what `scripts/quant_gemv_sweep.py` compares) sums the same."""
+    kernel = quant_gemv._gemv_row_kernel
+    launches = []
+
+    class WithoutPrefetch:
+        def __getitem__(self, grid):
+            launches.append(grid)
+            return lambda *args, **kwargs: kernel[grid](*args, **kwargs, PREFETCH=False)
+
+    monkeypatch.setattr(quant_gemv, "_gemv_row_kernel", WithoutPrefetch())
+    k, n = 256, 40
+    args = to_device(exactly_summed("int4", k, n, dtype, 64, seed=3))
+    x = grid_inputs(1, k, dtype=dtype, seed=4).to(DEVICE)
+    for split_k in (1, 3):
+        ref = int4_matmul_ref(x.double(), *as_fp64(args))
+        assert torch.equal(int4_matmul(x, *args, split_k=split_k), ref.to(dtype))
+    assert len(launches) == 2
 
 
 @pytest.mark.parametrize("method", ["int8", "int4"])

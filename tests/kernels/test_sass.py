@@ -39,11 +39,12 @@ def costs() -> dict:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-def test_the_one_row_int4_loop_leaves_memory_the_limit(costs):
-    # 13.8 instructions a byte before each thread kept its own sums over 8 levels a word: the
-    # issue rate alone then capped an H100 at about its copy bandwidth.
+def test_the_one_row_int4_loop_issues_fast_enough_to_read_at_full_bandwidth(costs):
+    # 13.8 instructions a byte before each thread kept its own sums over 8 levels a word: the issue
+    # rate alone then capped an H100 (33 T lane-instructions a second) at about its copy bandwidth.
+    # Under 10, the cap is above the 3.0 TB/s it reads at most; 9.0 without the loads a tile ahead.
     per_byte, mix = costs["int4 1"]
-    assert per_byte < 9.5, mix
+    assert per_byte < 10, mix
 
 
 def test_the_tensor_core_int4_loop_reads_words_too(costs):
