@@ -37,7 +37,7 @@ SITE=/tmp/minillm-gpu-check-site
 SUMMARY="$OUTDIR/summary.md"
 # Tier 1, the targets of the open GPU work, timed alone; tier 2, correctness, its two steps side by
 # side; tier 3, serving.
-TIER1="env kernels attention decode spec throughput quant host host-pageable host-async host-spec"
+TIER1="env kernels attention decode spec throughput quant host host-pageable host-async host-spec quant-sweep"
 TIER2="tests notebooks"
 TIER3="serve"
 STEPS=${GPU_CHECK_STEPS:-$TIER1 $TIER2 $TIER3}
@@ -138,8 +138,8 @@ if [ $DRY = 0 ] && [ ! -f "$MODEL_DIR/tokenizer.json" ]; then
 fi
 step 1 kernels 25 $PY -m minillm.cli bench kernels --models tiny --kernels torch triton --out "$OUTDIR/kernels.json"
 # The ragged kernel at other tilings too, the H100's own (64 x 64 on 4 warps) beside them.
-step 1 attention 20 $PY -m minillm.cli bench attention --tilings 64x32x4 64x32x8 64x64x8 128x64x8 32x32x4 \
-    --out "$OUTDIR/attention.json"
+step 1 attention 25 $PY -m minillm.cli bench attention --tilings 64x32x4 64x32x8 64x64x8 128x64x8 32x32x4 \
+    128x64x4 128x32x4 128x128x8 --out "$OUTDIR/attention.json"
 [ -z "$MODEL_PID" ] || wait $MODEL_PID || echo "writing the 1.1B model failed: model.log"
 # The roofline of the 1.1B model (its graphs' capture time and memory among it) and its launch count;
 # then batch-1 decode of a Llama-2-7B shape, graphed, its random weights made on the GPU (nothing read
@@ -186,6 +186,9 @@ step 1 host-async 12 $PY -m minillm.cli bench step --model "$REPO/minillm/assets
 step 1 host-spec 12 $PY -m minillm.cli bench step --model "$REPO/minillm/assets/tiny" --device cuda \
     --batch-sizes 1 4 --steps 30 --speculative-config '{"model": "tiny-draft", "num_speculative_tokens": 4}' \
     --out "$OUTDIR/step-spec.json"
+# What the quantized matmuls' decode path is sensitive to (split-K, tiles, pipeline stages, the one-row
+# int4 kernel's loads a tile ahead or not), for the INT4 targets that step quant measures.
+step 1 quant-sweep 40 $PY scripts/quant_gemv_sweep.py "$OUTDIR/quant-sweep.json"
 
 # pytest-xdist, where it is installed, runs the GPU tests in parallel on the one GPU.
 XDIST=$($PY -c "import xdist" 2>/dev/null && echo "-n 6")

@@ -5,7 +5,8 @@ kernel's loads issued a tile ahead or not), beside fp16 F.linear and the device'
 bandwidth, CUDA-graph timed on copies of the weights as `bench quant` times them. For deciding what
 to change in a kernel before changing it.
 
-    python scripts/quant_gemv_sweep.py [OUT.json]     # about 40 s on an H100
+    python scripts/quant_gemv_sweep.py [OUT.json]     # about 40 s on an H100 (PYTHONPATH=. where
+                                                      # minillm is not installed)
 """
 
 from __future__ import annotations
@@ -40,8 +41,10 @@ class _Forced:
         return lambda *args, **kwargs: self.kernel[grid](*args, **{**kwargs, **self.options})
 
 
+@functools.cache
 def _weights(kind: str, in_features: int, out_features: int) -> tuple[int, list[tuple]]:
-    """Bytes of one copy, and enough copies that none is read from L2 (bench/timing.py)."""
+    """Bytes of one copy, and enough copies that none is read from L2 (bench/timing.py), made once
+    for all the runs."""
     weight = torch.randn(out_features, in_features, dtype=torch.float16, device="cuda") * in_features ** -0.5
     args = {"fp16": lambda: (weight,), "int8": lambda: quantize_int8(weight),
             "int4": lambda: (*quantize_int4(weight, GROUP_SIZE), GROUP_SIZE)}[kind]()

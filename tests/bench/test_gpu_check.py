@@ -17,7 +17,7 @@ from minillm.bench.targets import TARGETS, evaluate, format_targets, load_result
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 TIERS = {"1": ("env", "kernels", "attention", "decode", "spec", "throughput", "quant", "host", "host-pageable",
-          "host-async", "host-spec"),
+          "host-async", "host-spec", "quant-sweep"),
          "2": ("tests", "notebooks"), "3": ("serve",)}
 
 
