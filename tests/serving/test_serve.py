@@ -345,16 +345,20 @@ def histogram(server: BackgroundServer, name: str) -> tuple[float, float]:
 def test_the_servers_ttft_is_the_clients_under_a_burst(server):
     """The server stamps a request's arrival as its HTTP request arrives, so its mean time to first
     token is what `minillm bench serve` measures on the client, less the network and the client's own
-    overhead; stamped when the engine picked it up, a burst's wait in the queue went missing."""
+    overhead; stamped when the engine thread picked a request up, the wait for it went missing. The
+    burst arrives while the engine thread is held for 0.4 s, so that this wait is most of the TTFT
+    (how long the thread takes to pick a request up otherwise depends on the machine's load)."""
     from minillm.bench.serve import run_rate, send_request, summarize
     from minillm.bench.serve_workload import build_workload
 
-    workload = build_workload(list(range(1, 2000)), 24, (48, 96), (2, 2), seed=1)
+    workload = build_workload(list(range(1, 2000)), 8, (48, 96), (2, 2), seed=1)
 
     async def burst():
         async with openai.AsyncOpenAI(base_url=server.base_url, api_key="none", max_retries=0) as client:
             await send_request(client, "tiny", workload[0])  # the client's first request sets it up
             before = histogram(server, "vllm:time_to_first_token_seconds")
+            # The engine thread runs its commands in order, this one before the burst's requests.
+            server.engine._submit(lambda: time.sleep(0.4), lambda error: None)
             return before, await run_rate(client, "tiny", workload, float("inf"))
 
     (count, total), (results, duration) = asyncio.run(burst())
@@ -362,10 +366,9 @@ def test_the_servers_ttft_is_the_clients_under_a_burst(server):
     new_count, new_total = histogram(server, "vllm:time_to_first_token_seconds")
     assert new_count - count == len(workload)
     server_ms = (new_total - total) / len(workload) * 1e3
-    # The client shares this process (and the GIL) with the server: its own overhead, 8% to 15% of the
-    # TTFT on two busy cores, needs room. Stamped at the engine's pick-up, a burst's server TTFT was
-    # half the client's.
-    assert 0.75 * client_ms <= server_ms <= client_ms, (server_ms, client_ms)
+    # The client's own overhead (it shares this process and its GIL with the server) is tens of ms;
+    # stamped at the engine's pick-up, the server's TTFT was a few ms of the client's 400 and more.
+    assert client_ms > 400 and 0.8 * client_ms <= server_ms <= client_ms, (server_ms, client_ms)
 
 
 def test_cors_lets_the_allowed_origins_in(server):
