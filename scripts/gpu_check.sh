@@ -11,8 +11,9 @@
 #   GPU_CHECK_STEPS="tests notebooks" scripts/gpu_check.sh OUTDIR   # a subset; tier1, tier2, tier3 name tiers
 #
 # A device call runs 10 minutes at most, so a loan is best spent on two: GPU_CHECK_STEPS="tier1 tier3"
-# (6 min 24 s to 7 min 14 s on an H100, 5 min 53 s on an H200, 2026-11-27), then, while the machine
-# is warm, GPU_CHECK_STEPS=tier2 (3 min 49 s; 2 min 26 s; its tests alone 2 min 8 s on an H100).
+# (6 min 24 s to 7 min 14 s on an H100, 5 min 53 s on an H200, 2026-11-27, before step quant-sweep's
+# 40 s or so), then, while the machine is warm, GPU_CHECK_STEPS=tier2 (3 min 49 s; 2 min 26 s; its
+# tests alone 2 min 8 s on an H100).
 #
 # Runs from a checkout with no install (the repo goes on PYTHONPATH), offline, on a machine with torch,
 # triton, transformers, safetensors, tokenizers and pytest. The notebooks and serving steps need the

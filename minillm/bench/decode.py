@@ -24,7 +24,13 @@ import gc
 
 import torch
 
-from minillm.bench.engine_steps import decode_len, decode_step_seconds, mixed_step_seconds, prefill_seconds
+from minillm.bench.engine_steps import (
+    MIXED_REPEATS,
+    decode_len,
+    decode_step_seconds,
+    mixed_step_seconds,
+    prefill_seconds,
+)
 from minillm.bench.timing import copy_bandwidth, graph_time, matmul_flops, num_copies, read_bandwidth, wall_time
 from minillm.config.engine import SchedulerConfig
 from minillm.config.model import ModelConfig
@@ -131,9 +137,11 @@ def bench_decode(model: str, batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64,
         raise ValueError(f"modes must be some of {MODES}, got {modes!r}")
     common = dict(device=device, dtype=dtype, skip_tokenizer_init=True, enable_prefix_caching=False,
                   load_format=load_format)
-    # The longest sequence: the largest batch's (`decoding`), or the mixed step's prompt chunk.
-    max_model_len = max(decode_len(max(batches), context, steps, SchedulerConfig.max_num_batched_tokens),
-                        MIXED_CHUNK + 16)
+    # The longest sequence: the largest batch's (`decoding`), the mixed step's decodes, or its prompt
+    # chunk (the engines take the default tokens per step).
+    budget = SchedulerConfig.max_num_batched_tokens
+    max_model_len = max(decode_len(max(batches), context, steps, budget),
+                        decode_len(MIXED_DECODES, context, MIXED_REPEATS + 2, budget), MIXED_CHUNK + 16)
     blocks_per_seq = -(-max_model_len // 16)
     decode_rows = []
     mixed_ms: dict[str, float] = {}

@@ -20,6 +20,9 @@ if TYPE_CHECKING:
     from minillm.engine.llm_engine import LLMEngine
 
 
+MIXED_REPEATS = 5  # timed mixed steps, each with `decoding`'s sequences and a prompt of its own
+
+
 def random_prompt(vocab: int, length: int, seed: int) -> dict:
     return {"prompt_token_ids": torch.randint(1, vocab, (length,), generator=torch.Generator().manual_seed(seed))
             .tolist()}
@@ -27,9 +30,14 @@ def random_prompt(vocab: int, length: int, seed: int) -> dict:
 
 def decode_len(batch: int, context: int, steps: int, max_num_batched_tokens: int) -> int:
     """The most tokens one of `decoding`'s sequences reaches: its prompt, the tokens it decodes while
-    the batch's later prompts are prefilled (a step holds max_num_batched_tokens), and `steps` more
-    with a margin. An engine for `decoding` needs max_model_len and KV blocks for this many."""
-    return context + -(-batch * context // max_num_batched_tokens) + steps + 8
+    the batch's later prompts are prefilled, and `steps` more with a margin. The scheduler serves
+    decodes first, so a step prefills what up to batch - 1 decodes leave of max_num_batched_tokens.
+    An engine for `decoding` needs max_model_len and KV blocks for this many."""
+    if max_num_batched_tokens <= batch:
+        raise ValueError(f"max_num_batched_tokens must exceed the batch ({batch}) to prefill beside its decodes, "
+                         f"got {max_num_batched_tokens}")
+    prefill_steps = -(-batch * context // (max_num_batched_tokens - batch)) + 1
+    return context + prefill_steps + steps + 8
 
 
 @contextlib.contextmanager
@@ -52,6 +60,10 @@ def decoding(llm: LLM, batch: int, context: int, steps: int) -> Iterator[LLMEngi
         while any(seq.num_output_tokens == 0 for seq in engine.scheduler.running) or engine.scheduler.waiting:
             engine.step()
         engine.step()  # the first decode of this batch size may compile kernels
+        running = engine.scheduler.running
+        if len(running) < batch or any(longest - seq.num_tokens <= steps for seq in running):
+            raise RuntimeError(f"decoding: {len(running)} of {batch} sequences running, not all with room "
+                               f"for {steps} steps: decode_len undercounts the steps of this batch's prefill")
         yield engine
     finally:
         for request_id in ids:
@@ -100,7 +112,7 @@ def prefill_seconds(llm: LLM, tokens: int) -> float:
     return sorted(times)[1]
 
 
-def mixed_step_seconds(llm: LLM, decodes: int, chunk: int, context: int, repeats: int = 5) -> float:
+def mixed_step_seconds(llm: LLM, decodes: int, chunk: int, context: int, repeats: int = MIXED_REPEATS) -> float:
     """Median seconds of a step that prefills a `chunk`-token prompt beside `decodes` sequences' decodes
     (what continuous batching runs at each admission)."""
     times = []

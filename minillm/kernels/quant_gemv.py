@@ -13,8 +13,9 @@ At batch 1 such a kernel can be bound by the instructions it issues: an H100 iss
 lane-instructions a second, so reading 2.4 TB/s leaves at most about 14 instructions a byte.
 `python -m minillm.kernels.sass` counts the loops' from their machine code: 9.0 for int4's one
 row (9.6 with its loads a tile ahead) and 8.7 for its 2 to 16, against 13.8 and 14.7 before they
-read words. That count is a ceiling: the kernels that issued 9.0 and 8.7 still read at about half
-of an H100's bandwidth (BENCHMARKS.md), so what keeps bytes in flight matters as much.
+read words (triton 3.9; the triton 3.6 of BENCHMARKS.md's H100 issues 10.7 and 9.1). That count is a
+ceiling: these kernels still read at about half of an H100's bandwidth (BENCHMARKS.md), so what
+keeps bytes in flight matters as much.
 
 Split-K is one launch: the last slice of each output block to finish adds the slices' partial sums
 in a fixed order, so results do not vary from run to run (greedy decoding stays reproducible) and a
@@ -140,7 +141,7 @@ def _gemv_row_kernel(x_ptr, w_ptr, scales_ptr, zeros_ptr, bias_ptr, out_ptr, par
             w, x, scale, zero = _row_tile(w_ptr, x_ptr, scales_ptr, zeros_ptr, rows, offs_n, mask_n, offs_j, start,
                                           stride_sn, GROUP_SIZE, BLOCK_K)
         for k0 in range(start, end, BLOCK_K):
-            if PREFETCH:  # the last tile loads itself again (from cache) rather than branch
+            if PREFETCH:  # the last tile loads itself again, from cache: 4 of a thread's ~600 instructions
                 ahead = tl.minimum(k0 + BLOCK_K, end - BLOCK_K)
                 w_next, x_next, scale_next, zero_next = _row_tile(w_ptr, x_ptr, scales_ptr, zeros_ptr, rows, offs_n,
                                                                   mask_n, offs_j, ahead, stride_sn, GROUP_SIZE,

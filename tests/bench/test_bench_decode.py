@@ -36,13 +36,16 @@ def test_weight_bytes_count_what_a_decode_step_reads(kind, tmp_path):
     assert linear == sum(params.values()) - norms - (0 if hf.config.tie_word_embeddings else embed)
 
 
-def test_every_timed_step_decodes_the_whole_batch():
-    """Eight 64-token prompts take more than sixteen steps of 32 tokens to prefill; the first ones
-    decode meanwhile, and must not finish before the timed steps are over (they did: steps of "64
-    sequences" of 512 tokens ran 60 down to 25 of them)."""
-    batch, context, steps = 8, 64, 4
+@pytest.mark.parametrize("batch", [8, 16, 24])
+def test_every_timed_step_decodes_the_whole_batch(batch):
+    """64-token prompts prefilled 32 tokens a step, less what the decodes of the first ones take (the
+    scheduler serves decodes first: at 24 sequences, 8 prompt tokens a step); those first ones must
+    not finish before the timed steps are over (they did: steps of "64 sequences" of 512 tokens ran
+    60 down to 25 of them)."""
+    context, steps = 64, 4
     longest = decode_len(batch, context, steps, 32)
-    llm = LLM("tiny", device="cpu", skip_tokenizer_init=True, max_num_batched_tokens=32, max_model_len=longest)
+    llm = LLM("tiny", device="cpu", skip_tokenizer_init=True, max_num_batched_tokens=32, max_model_len=longest,
+              max_num_seqs=batch)
     with record(llm) as trace:
         runs, replay, length = decode_step_seconds(llm, batch, context, steps)
     assert len(runs) == steps and replay is None
@@ -50,7 +53,7 @@ def test_every_timed_step_decodes_the_whole_batch():
     assert context + 1 < length < longest
     with pytest.raises(ValueError, match=f"max_model_len >= {longest}"):
         decode_step_seconds(LLM("tiny", device="cpu", skip_tokenizer_init=True, max_num_batched_tokens=32,
-                                max_model_len=longest - 1), batch, context, steps)
+                                max_model_len=longest - 1, max_num_seqs=batch), batch, context, steps)
 
 
 def test_bench_decode_prints_the_roofline(tmp_path):

@@ -367,8 +367,8 @@ def test_the_servers_ttft_is_the_clients_under_a_burst(server):
     assert new_count - count == len(workload)
     server_ms = (new_total - total) / len(workload) * 1e3
     # The client's own overhead (it shares this process and its GIL with the server) is tens of ms;
-    # stamped at the engine's pick-up, the server's TTFT was a few ms of the client's 400 and more.
-    assert client_ms > 400 and 0.8 * client_ms <= server_ms <= client_ms, (server_ms, client_ms)
+    # stamped at the engine's pick-up, the server's TTFT was 75 ms of the client's 475.
+    assert client_ms > 200 and 0.8 * client_ms <= server_ms <= client_ms, (server_ms, client_ms)
 
 
 def test_cors_lets_the_allowed_origins_in(server):
