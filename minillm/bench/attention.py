@@ -7,8 +7,8 @@ Prefill is compute-bound: the ragged paged kernel against PyTorch's scaled_dot_p
 on the same tokens held contiguously (which needs no block table, so it is the harder baseline),
 as [batch, heads, tokens, head_dim]: given 3-D inputs, SDPA falls back to its slow math path on a
 GPU, which would flatter the Triton kernel. Times are GPU times (bench/timing.py). `tilings`
-times the ragged kernel again at other (BLOCK_M, BLOCK_N, warps) than its launcher picks, to choose
-a GPU's entry in `kernels/paged_prefill.py` from measurements.
+times the ragged kernel again at other (BLOCK_M, BLOCK_N, warps[, pipeline stages]) than its
+launcher picks, to choose a GPU's entry in `kernels/paged_prefill.py` from measurements.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def paged_inputs(batch: int, context: int, num_kv_heads: int, group: int, head_d
 
 def bench_attention(contexts=(4096, 8192, 16384, 32768), batch: int = 8, num_kv_heads: int = 8, group: int = 4,
                     head_dim: int = 128, block_size: int = 16, prefill_tokens=(512, 2048, 4096),
-                    dtype: torch.dtype = torch.float16, tilings: tuple[tuple[int, int, int], ...] = ()
+                    dtype: torch.dtype = torch.float16, tilings: tuple[tuple[int, ...], ...] = ()
                     ) -> tuple[list[dict], list[dict], dict]:
     if not torch.cuda.is_available():
         raise ValueError("minillm bench attention measures the Triton kernels on a CUDA GPU; none is visible")
@@ -91,7 +91,9 @@ def bench_attention(contexts=(4096, 8192, 16384, 32768), batch: int = 8, num_kv_
                              "speed_vs_sdpa": t_sdpa / t_triton, "max_abs_err": err})
         for tiling in tilings:
             row = {"tokens": tokens, "tiling": "x".join(map(str, tiling))}
-            with mock.patch.object(paged_prefill, "ragged_tiles", lambda *args, tiling=tiling: tiling):
+            stages = tiling[3] if len(tiling) > 3 else paged_prefill.STAGES
+            with mock.patch.object(paged_prefill, "ragged_tiles", lambda *args, tiling=tiling: tiling[:3]), \
+                    mock.patch.object(paged_prefill, "STAGES", stages):
                 try:
                     t_tiled = graph_time([triton])
                     err = (triton().float() - sdpa()[0].transpose(0, 1).float()).abs().max().item()

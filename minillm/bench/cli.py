@@ -14,15 +14,18 @@ from minillm.quant import INT4_GROUP_SIZES
 from minillm.utils.arg_types import int_in, json_object, parsed_by
 
 
-def _parse_tiling(text: str) -> tuple[int, int, int]:
-    """'64x32x8' -> (BLOCK_M, BLOCK_N, warps): powers of two, tiles of 16 to 256, 1 to 16 warps."""
+def _parse_tiling(text: str) -> tuple[int, ...]:
+    """'64x32x8' -> (BLOCK_M, BLOCK_N, warps): powers of two, tiles of 16 to 256, 1 to 16 warps; a
+    fourth field, '64x64x4x3', also sets the pipeline's stages (1 to 6; the launcher's: 2)."""
     parts = text.lower().split("x")
-    if len(parts) != 3 or not all(p.isdigit() for p in parts):
-        raise ValueError(f"must be BLOCK_MxBLOCK_NxWARPS, e.g. 64x32x8, got {text!r}")
-    m, n, warps = map(int, parts)
+    if len(parts) not in (3, 4) or not all(p.isdigit() for p in parts):
+        raise ValueError(f"must be BLOCK_MxBLOCK_NxWARPS[xSTAGES], e.g. 64x32x8, got {text!r}")
+    m, n, warps, *stages = map(int, parts)
     if any(v & (v - 1) for v in (m, n, warps)) or not (16 <= m <= 256 and 16 <= n <= 256 and 1 <= warps <= 16):
         raise ValueError(f"must be powers of two, tiles of 16 to 256 and 1 to 16 warps, got {text!r}")
-    return m, n, warps
+    if stages and not 1 <= stages[0] <= 6:
+        raise ValueError(f"stages must be 1 to 6, got {text!r}")
+    return m, n, warps, *stages
 
 
 tiling = parsed_by(_parse_tiling)
@@ -227,8 +230,9 @@ def add_bench_commands(sub: argparse._SubParsersAction, model_args: Callable[[ar
     attn = bench_command("attention", "Triton attention kernels against memory bandwidth and SDPA (CUDA)",
                          _bench_attention, model=False)
     attn.add_argument("--batch", type=int_in(1), default=8)
-    attn.add_argument("--tilings", type=tiling, nargs="*", default=[], metavar="MxNxW",
-                      help="also time the ragged prefill kernel at these BLOCK_M x BLOCK_N x warps (e.g. 64x32x8)")
+    attn.add_argument("--tilings", type=tiling, nargs="*", default=[], metavar="MxNxW[xS]",
+                      help="also time the ragged prefill kernel at these BLOCK_M x BLOCK_N x warps (e.g. 64x32x8), "
+                           "and pipeline stages where a fourth field gives them")
     dec = bench_command("decode", "the roofline of a step: decode at rising batch sizes (eager and CUDA graphs) "
                         "and prefill, against the measured copy bandwidth and matmul peak", _bench_decode)
     dec.add_argument("--batches", type=int_in(1), nargs="+", default=[1, 2, 4, 8, 16, 32, 64, 128, 256])

@@ -114,6 +114,12 @@ _TILINGS = {90: [(64, 64, 4), (64, 32, 4), (32, 32, 4), (16, 16, 4)],
             75: [(64, 16, 8), (32, 16, 8), (16, 16, 4)]}
 
 
+# Tiles of K and V in flight while one is used (Triton's software pipeline): two on every GPU so far,
+# the shared memory that `shared_bytes_estimate` counts; `minillm bench attention --tilings MxNxWxS`
+# times others.
+STAGES = 2
+
+
 def ragged_tiles(target: GPUSpec | None, group: int, max_query_len: int, dim_pad: int,
                  element_size: int) -> tuple[int, int, int]:
     """(BLOCK_M rows, BLOCK_N keys, warps) of a launch whose sequences bring at most max_query_len
@@ -159,5 +165,5 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         num_seqs, q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0), out.stride(0), out.stride(1),
         GROUP=group, HEAD_DIM=head_dim, DIM_PAD=dim_pad, BLOCK_SIZE=block_size, BLOCK_M=block_m,
-        BLOCK_Q=block_q, BLOCK_N=block_n, PRECISION=dot_precision(q.dtype), num_warps=warps, num_stages=2)
+        BLOCK_Q=block_q, BLOCK_N=block_n, PRECISION=dot_precision(q.dtype), num_warps=warps, num_stages=STAGES)
     return out

@@ -57,7 +57,9 @@ def test_bad_values_are_refused_before_a_model_loads(tmp_path, monkeypatch, caps
              (["eval", "acceptance", "-k", "-2"], "argument -k"),
              (["bench", "decode", "--steps", "zero"], "must be an integer, got 'zero'"),
              (["bench", "attention", "--tilings", "64x32x8", "64x48x8"], "argument --tilings: must be powers of two"),
-             (["bench", "attention", "--tilings", "64x32"], "must be BLOCK_MxBLOCK_NxWARPS, e.g. 64x32x8, got '64x32'"),
+             (["bench", "attention", "--tilings", "64x32"], "must be BLOCK_MxBLOCK_NxWARPS[xSTAGES], e.g. 64x32x8, "
+                                                            "got '64x32'"),
+             (["bench", "attention", "--tilings", "64x32x4x9"], "stages must be 1 to 6, got '64x32x4x9'"),
              (["serve", "tiny", "--port", "70000"], "argument --port: the value must be an integer in [0, 65535]"),
              (["serve", "tiny", "--max-body-bytes", "0"], "argument --max-body-bytes")]
     for argv, message in cases:
