@@ -342,23 +342,25 @@ def histogram(server: BackgroundServer, name: str) -> tuple[float, float]:
                  if line.startswith(name + suffix + "{"))
 
 
-def test_the_servers_ttft_is_the_clients_under_a_burst(server):
-    """The server stamps a request's arrival as its HTTP request arrives, so its mean time to first
-    token is what `minillm bench serve` measures on the client, less the network and the client's own
-    overhead; stamped when the engine thread picked a request up, the wait for it went missing. The
-    burst arrives while the engine thread is held for 0.4 s, so that this wait is most of the TTFT
-    (how long the thread takes to pick a request up otherwise depends on the machine's load)."""
+def test_the_servers_ttft_counts_the_wait_for_the_engine_thread(server):
+    """The server stamps a request's arrival as its HTTP request arrives, so its time to first token
+    counts the wait until the engine thread picks the request up; stamped at the pick-up, a burst's
+    wait went missing. The burst arrives while the engine thread is held for a second: stamped at
+    arrival, each request's TTFT is most of that second, and it is never more than what the client
+    measures (`minillm bench serve`), which adds the network and the client's own work. (A ratio of
+    the two is no test: on two busy cores the client's share of the TTFT varied from 15% to 35%.)"""
     from minillm.bench.serve import run_rate, send_request, summarize
     from minillm.bench.serve_workload import build_workload
 
     workload = build_workload(list(range(1, 2000)), 8, (48, 96), (2, 2), seed=1)
+    hold = 1.0
 
     async def burst():
         async with openai.AsyncOpenAI(base_url=server.base_url, api_key="none", max_retries=0) as client:
             await send_request(client, "tiny", workload[0])  # the client's first request sets it up
             before = histogram(server, "vllm:time_to_first_token_seconds")
             # The engine thread runs its commands in order, this one before the burst's requests.
-            server.engine._submit(lambda: time.sleep(0.4), lambda error: None)
+            server.engine._submit(lambda: time.sleep(hold), lambda error: None)
             return before, await run_rate(client, "tiny", workload, float("inf"))
 
     (count, total), (results, duration) = asyncio.run(burst())
@@ -366,9 +368,10 @@ def test_the_servers_ttft_is_the_clients_under_a_burst(server):
     new_count, new_total = histogram(server, "vllm:time_to_first_token_seconds")
     assert new_count - count == len(workload)
     server_ms = (new_total - total) / len(workload) * 1e3
-    # The client's own overhead (it shares this process and its GIL with the server) is tens of ms;
-    # stamped at the engine's pick-up, the server's TTFT was 75 ms of the client's 475.
-    assert client_ms > 200 and 0.8 * client_ms <= server_ms <= client_ms, (server_ms, client_ms)
+    # Stamped at the engine's pick-up, the server's TTFT was 75 ms where the client's was 475 (a
+    # hold of 0.4 s); stamped at arrival, 0.95-0.97 of the client's on an idle machine, 0.65 once
+    # in the whole suite on 2 cores.
+    assert hold * 1e3 / 2 <= server_ms <= client_ms, (server_ms, client_ms)
 
 
 def test_cors_lets_the_allowed_origins_in(server):
