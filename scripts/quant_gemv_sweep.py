@@ -1,7 +1,7 @@
 """What the decode path of the quantized matmuls (`minillm/kernels/quant_gemv.py`) is sensitive to,
 on a CUDA GPU: the same layers as `minillm bench quant`, each launch parameter varied alone around
-the shipped choice (input slices, tile shape and warps, Triton's pipeline stages, the one-row int4
-kernel's loads issued a tile ahead or not), beside fp16 F.linear and the device's read-only
+the shipped choice (input slices, tile shape and warps, Triton's pipeline stages, the one-row
+kernels' loads issued a tile ahead or not), beside fp16 F.linear and the device's read-only
 bandwidth, CUDA-graph timed on copies of the weights as `bench quant` times them. For deciding what
 to change in a kernel before changing it.
 
@@ -76,7 +76,9 @@ def sweep() -> list[dict]:
     runs += [("int4", 16, "tile", "x".join(map(str, t)) if t else "shipped", None, t, {})
              for t in (None, (64, 128, 4), (128, 128, 8))]
     runs += [("int4", 16, "stages", str(n), None, None, {"num_stages": n}) for n in (1, 2, 4)]
-    runs += [("int8", 1, "shipped", "", None, None, {}), ("int8", 2, "shipped", "", None, None, {})]
+    runs += [("int8", 1, "shipped", "", None, None, {}),
+             ("int8", 1, "prefetch", "off", None, None, {"PREFETCH": False}),
+             ("int8", 2, "shipped", "", None, None, {})]
     runs += [("int8", 2, "split-K", str(s), s, None, {}) for s in (1, 4)]
     runs += [("int8", 2, "tile", "x".join(map(str, t)), None, t, {}) for t in ((32, 128, 4), (128, 128, 8))]
     rows = []

@@ -12,10 +12,10 @@ each thread sums its own products, and the rows are reduced across threads once,
 At batch 1 such a kernel can be bound by the instructions it issues: an H100 issues about 33 T
 lane-instructions a second, so reading 2.4 TB/s leaves at most about 14 instructions a byte.
 `python -m minillm.kernels.sass` counts the loops' from their machine code: 9.0 for int4's one
-row (9.6 with its loads a tile ahead) and 8.7 for its 2 to 16, against 13.8 and 14.7 before they
-read words (triton 3.9; the triton 3.6 of BENCHMARKS.md's H100 issues 10.7 and 9.1). That count is a
-ceiling: these kernels still read at about half of an H100's bandwidth (BENCHMARKS.md), so what
-keeps bytes in flight matters as much.
+row (9.6 with its loads a tile ahead, as both one-row loops now issue them) and 8.7 for its 2 to
+16, against 13.8 and 14.7 before they read words (triton 3.9; the triton 3.6 of BENCHMARKS.md's
+H100 issues 10.7 and 9.1). That count is a ceiling: these kernels still read at about half of an
+H100's bandwidth (BENCHMARKS.md), so what keeps bytes in flight matters as much.
 
 Split-K is one launch: the last slice of each output block to finish adds the slices' partial sums
 in a fixed order, so results do not vary from run to run (greedy decoding stays reproducible) and a
@@ -108,6 +108,16 @@ def _row_tile(w_ptr, x_ptr, scales_ptr, zeros_ptr, rows, offs_n, mask_n, offs_j,
 
 
 @triton.jit
+def _int8_row_tile(w_ptr, x_ptr, rows, mask_n, k0, end, BLOCK_K: tl.constexpr):
+    """The int8 one-row kernel's loads for the tile at input k0, as stored: levels and inputs (none
+    at or past `end`, the slice's end)."""
+    offs_k = k0 + tl.arange(0, BLOCK_K)
+    mask_k = offs_k < end
+    q = tl.load(w_ptr + rows + offs_k[None, :], mask=mask_n[:, None] & mask_k[None, :], other=0)
+    return q, tl.load(x_ptr + offs_k, mask=mask_k, other=0.0)
+
+
+@triton.jit
 def _gemv_row_kernel(x_ptr, w_ptr, scales_ptr, zeros_ptr, bias_ptr, out_ptr, partial_ptr, counter_ptr, N, K,
                      tiles_per_split, num_splits, stride_wn, stride_sn, stride_split, INT4: tl.constexpr,
                      GROUP_SIZE: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr,
@@ -162,15 +172,21 @@ def _gemv_row_kernel(x_ptr, w_ptr, scales_ptr, zeros_ptr, bias_ptr, out_ptr, par
         # int8: one scale per row, applied when the rows are stored, so products are summed
         # elementwise over the whole slice and reduced across threads once, at the end. A level q
         # is stored shifted, as q + 128, to be non-negative for float_levels: 384 + q in all.
+        # PREFETCH as for int4; the tile after the slice's last is masked off whole (nothing read).
         acc2 = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
         x_sums = tl.zeros([BLOCK_K], tl.float32)
+        if PREFETCH:
+            q, x = _int8_row_tile(w_ptr, x_ptr, rows, mask_n, start, end, BLOCK_K)
         for k0 in range(start, end, BLOCK_K):
-            offs_k = k0 + tl.arange(0, BLOCK_K)
-            mask_k = offs_k < K
-            q = tl.load(w_ptr + rows + offs_k[None, :], mask=mask_n[:, None] & mask_k[None, :], other=0).to(tl.int32)
-            x = tl.load(x_ptr + offs_k, mask=mask_k, other=0.0).to(tl.float32)
-            acc2 += float_levels(q + 128, 8) * x[None, :]
+            if PREFETCH:
+                q_next, x_next = _int8_row_tile(w_ptr, x_ptr, rows, mask_n, k0 + BLOCK_K, end, BLOCK_K)
+            else:
+                q, x = _int8_row_tile(w_ptr, x_ptr, rows, mask_n, k0, end, BLOCK_K)
+            x = x.to(tl.float32)
+            acc2 += float_levels(q.to(tl.int32) + 128, 8) * x[None, :]
             x_sums += x
+            if PREFETCH:
+                q, x = q_next, x_next
         acc = (tl.sum(acc2, 1) - tl.sum(x_sums, 0) * 384)[None, :]
     finish_rows(acc, scales_ptr, bias_ptr, out_ptr, partial_ptr, counter_ptr, tl.zeros([1], tl.int32), offs_n,
                 tl.full([1], 1, tl.int1), mask_n, 0, split, num_splits, stride_split, INT4, HAS_BIAS, SPLIT)

@@ -151,10 +151,11 @@ def test_int4_is_exact(k, n, group_size, dtype):
     check_exact_on_every_row_count_and_path("int4", args, k, n, dtype, seed=k + group_size)
 
 
+@pytest.mark.parametrize("method", ["int8", "int4"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_name)
-def test_the_one_row_int4_kernel_is_exact_without_prefetch_too(dtype, monkeypatch):
-    """The one-row int4 kernel issues each tile's loads a tile ahead (PREFETCH, its default); the
-    loop without (what `scripts/quant_gemv_sweep.py` compares) sums the same."""
+def test_the_one_row_kernel_is_exact_without_prefetch_too(method, dtype, monkeypatch):
+    """The one-row kernel issues each tile's loads a tile ahead (PREFETCH, its default); the loop
+    without (what `scripts/quant_gemv_sweep.py` compares) sums the same."""
     kernel = quant_gemv._gemv_row_kernel
     launches = []
 
@@ -164,12 +165,13 @@ def test_the_one_row_int4_kernel_is_exact_without_prefetch_too(dtype, monkeypatc
             return lambda *args, **kwargs: kernel[grid](*args, **kwargs, PREFETCH=False)
 
     monkeypatch.setattr(quant_gemv, "_gemv_row_kernel", WithoutPrefetch())
-    k, n = 256, 40
-    args = to_device(exactly_summed("int4", k, n, dtype, 64, seed=3))
+    kernel_of, reference = KERNELS[method]
+    k, n = 768, 40  # int8: 3 tiles of 256, so that a slice holds more than one
+    args = to_device(exactly_summed(method, k, n, dtype, 64, seed=3))
     x = grid_inputs(1, k, dtype=dtype, seed=4).to(DEVICE)
-    for split_k in (1, 3):
-        ref = int4_matmul_ref(x.double(), *as_fp64(args))
-        assert torch.equal(int4_matmul(x, *args, split_k=split_k), ref.to(dtype))
+    for split_k in (1, 2):
+        ref = reference(x.double(), *as_fp64(args), None)
+        assert torch.equal(kernel_of(x, *args, None, split_k=split_k), ref.to(dtype))
     assert len(launches) == 2
 
 
