@@ -41,6 +41,20 @@ def paged_inputs(batch: int, context: int, num_kv_heads: int, group: int, head_d
     return k_cache, v_cache, tables, lens
 
 
+def parse_tiling(text: str) -> tuple[int, ...]:
+    """'64x32x8' -> (BLOCK_M, BLOCK_N, warps): powers of two, tiles of 16 to 256, 1 to 16 warps; a
+    fourth field, '64x64x4x3', also sets the pipeline's stages (1 to 6; the launcher's: 2)."""
+    parts = text.lower().split("x")
+    if len(parts) not in (3, 4) or not all(p.isdigit() for p in parts):
+        raise ValueError(f"must be BLOCK_MxBLOCK_NxWARPS[xSTAGES], e.g. 64x32x8, got {text!r}")
+    m, n, warps, *stages = map(int, parts)
+    if any(v & (v - 1) for v in (m, n, warps)) or not (16 <= m <= 256 and 16 <= n <= 256 and 1 <= warps <= 16):
+        raise ValueError(f"must be powers of two, tiles of 16 to 256 and 1 to 16 warps, got {text!r}")
+    if stages and not 1 <= stages[0] <= 6:
+        raise ValueError(f"stages must be 1 to 6, got {text!r}")
+    return m, n, warps, *stages
+
+
 def bench_attention(contexts=(4096, 8192, 16384, 32768), batch: int = 8, num_kv_heads: int = 8, group: int = 4,
                     head_dim: int = 128, block_size: int = 16, prefill_tokens=(512, 2048, 4096),
                     dtype: torch.dtype = torch.float16, tilings: tuple[tuple[int, ...], ...] = ()

@@ -9,26 +9,12 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from minillm.bench.attention import parse_tiling
 from minillm.bench.shapes import SHAPES
 from minillm.quant import INT4_GROUP_SIZES
 from minillm.utils.arg_types import int_in, json_object, parsed_by
 
-
-def _parse_tiling(text: str) -> tuple[int, ...]:
-    """'64x32x8' -> (BLOCK_M, BLOCK_N, warps): powers of two, tiles of 16 to 256, 1 to 16 warps; a
-    fourth field, '64x64x4x3', also sets the pipeline's stages (1 to 6; the launcher's: 2)."""
-    parts = text.lower().split("x")
-    if len(parts) not in (3, 4) or not all(p.isdigit() for p in parts):
-        raise ValueError(f"must be BLOCK_MxBLOCK_NxWARPS[xSTAGES], e.g. 64x32x8, got {text!r}")
-    m, n, warps, *stages = map(int, parts)
-    if any(v & (v - 1) for v in (m, n, warps)) or not (16 <= m <= 256 and 16 <= n <= 256 and 1 <= warps <= 16):
-        raise ValueError(f"must be powers of two, tiles of 16 to 256 and 1 to 16 warps, got {text!r}")
-    if stages and not 1 <= stages[0] <= 6:
-        raise ValueError(f"stages must be 1 to 6, got {text!r}")
-    return m, n, warps, *stages
-
-
-tiling = parsed_by(_parse_tiling)
+tiling = parsed_by(parse_tiling)
 
 
 def _bench_kv_cache(args) -> None:
