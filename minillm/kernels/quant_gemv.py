@@ -95,7 +95,7 @@ def _gemv_kernel(x_ptr, w_ptr, scales_ptr, zeros_ptr, bias_ptr, out_ptr, partial
 
 
 @triton.jit
-def _row_tile(w_ptr, x_ptr, scales_ptr, zeros_ptr, rows, offs_n, mask_n, offs_j, k0, stride_sn,
+def _int4_row_tile(w_ptr, x_ptr, scales_ptr, zeros_ptr, rows, offs_n, mask_n, offs_j, k0, stride_sn,
               GROUP_SIZE: tl.constexpr, BLOCK_K: tl.constexpr):
     """The int4 one-row kernel's loads for the tile at input k0: its int32 words, its inputs (fp32),
     and its rows' scale and zero point (fp32)."""
@@ -148,17 +148,17 @@ def _gemv_row_kernel(x_ptr, w_ptr, scales_ptr, zeros_ptr, bias_ptr, out_ptr, par
         offs_j = tl.arange(0, WORDS)
         acc2 = tl.zeros([BLOCK_N, WORDS], tl.float32)
         if PREFETCH:
-            w, x, scale, zero = _row_tile(w_ptr, x_ptr, scales_ptr, zeros_ptr, rows, offs_n, mask_n, offs_j, start,
-                                          stride_sn, GROUP_SIZE, BLOCK_K)
+            w, x, scale, zero = _int4_row_tile(w_ptr, x_ptr, scales_ptr, zeros_ptr, rows, offs_n, mask_n, offs_j,
+                                               start, stride_sn, GROUP_SIZE, BLOCK_K)
         for k0 in range(start, end, BLOCK_K):
-            if PREFETCH:  # the last tile loads itself again, from cache: 4 of a thread's ~600 instructions
+            if PREFETCH:  # the last tile loads itself again, from cache (masked loads: 20 more instructions)
                 ahead = tl.minimum(k0 + BLOCK_K, end - BLOCK_K)
-                w_next, x_next, scale_next, zero_next = _row_tile(w_ptr, x_ptr, scales_ptr, zeros_ptr, rows, offs_n,
-                                                                  mask_n, offs_j, ahead, stride_sn, GROUP_SIZE,
-                                                                  BLOCK_K)
+                w_next, x_next, scale_next, zero_next = _int4_row_tile(w_ptr, x_ptr, scales_ptr, zeros_ptr, rows,
+                                                                       offs_n, mask_n, offs_j, ahead, stride_sn,
+                                                                       GROUP_SIZE, BLOCK_K)
             else:
-                w, x, scale, zero = _row_tile(w_ptr, x_ptr, scales_ptr, zeros_ptr, rows, offs_n, mask_n, offs_j, k0,
-                                              stride_sn, GROUP_SIZE, BLOCK_K)
+                w, x, scale, zero = _int4_row_tile(w_ptr, x_ptr, scales_ptr, zeros_ptr, rows, offs_n, mask_n, offs_j,
+                                                   k0, stride_sn, GROUP_SIZE, BLOCK_K)
             planes = nibble_inputs(x, WORDS)
             sums = tl.zeros([BLOCK_N, WORDS], tl.float32)
             for i in tl.static_range(8):
