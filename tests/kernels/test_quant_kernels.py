@@ -20,6 +20,7 @@ pytest.importorskip("triton")
 from minillm.kernels import quant_gemv  # noqa: E402
 from minillm.kernels.ops import load_ops  # noqa: E402
 from minillm.kernels.quant_matmul import GEMV_MAX_ROWS, int4_matmul, int8_matmul, pick_path  # noqa: E402
+from minillm.kernels.quant_tiles import word_level_offset  # noqa: E402
 from minillm.layers.quant_linear import QuantLinear, quantize_model  # noqa: E402
 from minillm.quant.int4 import dequantize_int4, pack_int4, quantize_int4  # noqa: E402
 from minillm.quant.int8 import dequantize_int8, quantize_int8  # noqa: E402
@@ -59,7 +60,7 @@ def tolerance(method: str, dtype: torch.dtype, k: int) -> float:
     128 on the tensor cores; fp32 int4 16; int8 in fp32 and bf16 only the one-row kernel's 384."""
     half = dtype == torch.float16
     if method == "int4":
-        largest_term = {torch.float16: 1024, torch.bfloat16: 128}.get(dtype, 16) + 15
+        largest_term = word_level_offset(dtype) + 15
     else:
         largest_term = 1152 + 127 if half else 384 + 127
     typical_level = 4 if method == "int4" else 36
