@@ -38,7 +38,7 @@ SITE=/tmp/minillm-gpu-check-site
 SUMMARY="$OUTDIR/summary.md"
 # Tier 1, the targets of the open GPU work, timed alone; tier 2, correctness, its two steps side by
 # side; tier 3, serving.
-TIER1="env kernels attention decode spec throughput quant host host-pageable host-async host-spec quant-sweep"
+TIER1="env kernels attention decode spec throughput quant decode-int4 host host-pageable host-async host-spec quant-sweep"
 TIER2="tests notebooks"
 TIER3="serve"
 STEPS=${GPU_CHECK_STEPS:-$TIER1 $TIER2 $TIER3}
@@ -160,6 +160,12 @@ step 1 throughput 115 $PY -m minillm.cli bench throughput --model "$MODEL_DIR" -
     --out "$OUTDIR/throughput.json"
 step 1 quant 50 $PY -m minillm.cli bench quant --model tiny --device cuda --num-prompts 16 --num-tokens 32 \
     --out "$OUTDIR/quant.json"
+# A whole INT4 g128 decode step of the 1.1B model, graphed, against step decode's bf16 one: with bf16
+# activations (the one-row kernel's fp32 products) and with fp16 (its packed fp16 products).
+step 1 decode-int4 30 bash -c "$PY -m minillm.cli bench decode --model $MODEL_DIR --dtype bfloat16 \
+    --quantization int4 --batches 1 --prefill-lens --modes graphs --out $OUTDIR/decode-int4.json && \
+    $PY -m minillm.cli bench decode --model $MODEL_DIR --dtype float16 --quantization int4 --batches 1 \
+    --prefill-lens --modes graphs --out $OUTDIR/decode-int4-fp16.json"
 # Host time per step by phase (schedule, prepare, execute, sample, update): what bounds a small model,
 # before and after. Before: the engine of $BASELINE, the last commit before issue 25's fused kernels
 # and its host work (device-side argmax, pinned staging), on the same tiny weights; from the git
@@ -189,8 +195,9 @@ step 1 host-spec 12 $PY -m minillm.cli bench step --model "$REPO/minillm/assets/
     --batch-sizes 1 4 --steps 30 --speculative-config '{"model": "tiny-draft", "num_speculative_tokens": 4}' \
     --out "$OUTDIR/step-spec.json"
 # What the quantized matmuls' decode path is sensitive to (split-K, tiles, pipeline stages, the one-row
-# int4 kernel's loads a tile ahead or not), for the INT4 targets that step quant measures.
-step 1 quant-sweep 40 $PY scripts/quant_gemv_sweep.py "$OUTDIR/quant-sweep.json"
+# int4 kernel's loads a tile ahead or not, its packed fp16 products or fp32), for the INT4 targets that
+# step quant measures.
+step 1 quant-sweep 35 $PY scripts/quant_gemv_sweep.py "$OUTDIR/quant-sweep.json"
 
 # pytest-xdist, where it is installed, runs the GPU tests in parallel on the one GPU.
 XDIST=$($PY -c "import xdist" 2>/dev/null && echo "-n 6")

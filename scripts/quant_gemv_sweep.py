@@ -1,9 +1,9 @@
 """What the decode path of the quantized matmuls (`minillm/kernels/quant_gemv.py`) is sensitive to,
 on a CUDA GPU: the same layers as `minillm bench quant`, each launch parameter varied alone around
 the shipped choice (input slices, tile shape and warps, Triton's pipeline stages, the one-row
-kernels' loads issued a tile ahead or not), beside fp16 F.linear and the device's read-only
-bandwidth, CUDA-graph timed on copies of the weights as `bench quant` times them. For deciding what
-to change in a kernel before changing it.
+kernels' loads issued a tile ahead or not, int4's packed fp16 arithmetic or fp32), beside fp16
+F.linear and the device's read-only bandwidth, CUDA-graph timed on copies of the weights as `bench
+quant` times them. For deciding what to change in a kernel before changing it.
 
     python scripts/quant_gemv_sweep.py [OUT.json]     # about 40 s on an H100 (PYTHONPATH=. where
                                                       # minillm is not installed)
@@ -66,13 +66,18 @@ def sweep() -> list[dict]:
     tiles, row_kernel, dot_kernel = quant_gemv.gemv_tiles, quant_gemv._gemv_row_kernel, quant_gemv._gemv_kernel
     # (kind, rows, varied, value, split_k, tile override, options forced on the kernel's launches)
     runs = [("fp16", 1, "shipped", "", None, None, {})]
-    runs += [("int4", 1, "split-K", str(s or "as chosen"), s, None, {}) for s in (1, 2, 4, 8, None)]
+    # (split-K 1 and 2, and pipeline stages, which the one-row kernel has none of, were measured once)
+    runs += [("int4", 1, "split-K", str(s or "as chosen"), s, None, {}) for s in (4, 8, None)]
     runs += [("int4", 1, "tile", "x".join(map(str, t)), None, t, {})
              for t in ((64, 128, 4), (64, 128, 2), (32, 128, 1), (128, 128, 8), (256, 128, 8))]
-    runs += [("int4", 1, "stages", str(n), None, None, {"num_stages": n}) for n in (1, 2, 4)]
     runs += [("int4", 1, "prefetch", "off", s, t, {"PREFETCH": False})
              for s, t in ((None, None), (None, (64, 128, 4)), (1, None))]
     runs += [("int4", 1, "prefetch", "on", s, t, {}) for s, t in ((None, (64, 128, 4)), (1, None))]
+    # the fp32 loop the packed fp16 one replaced (quant_half2.py), as shipped and as last measured
+    runs += [("int4", 1, "half2", "off" + label, None, t, {"HALF2": False, **extra})
+             for label, t, extra in (("", None, {}), (", 64x128x2", (64, 128, 2), {}),
+                                     (", prefetch off", None, {"PREFETCH": False}))]
+    runs += [("int4", 1, "half2", "on, 64x128x2", None, (64, 128, 2), {})]
     runs += [("int4", 16, "tile", "x".join(map(str, t)) if t else "shipped", None, t, {})
              for t in (None, (64, 128, 4), (128, 128, 8))]
     runs += [("int4", 16, "stages", str(n), None, None, {"num_stages": n}) for n in (1, 2, 4)]
@@ -86,7 +91,7 @@ def sweep() -> list[dict]:
         for kind, m, varied, value, split_k, tile, options in runs:
             quant_gemv.gemv_tiles = (lambda *_, tile=tile: tile) if tile else tiles
             quant_gemv._gemv_row_kernel = _Forced(row_kernel, **options) if options else row_kernel
-            forced_dot = {k: v for k, v in options.items() if k != "PREFETCH"}
+            forced_dot = {k: v for k, v in options.items() if k not in ("PREFETCH", "HALF2")}
             quant_gemv._gemv_kernel = _Forced(dot_kernel, **forced_dot) if forced_dot else dot_kernel
             for shape in SHAPES:
                 seconds, nbytes = _time(kind, shape, m, split_k)

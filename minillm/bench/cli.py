@@ -11,7 +11,7 @@ from pathlib import Path
 
 from minillm.bench.attention import parse_tiling
 from minillm.bench.shapes import SHAPES
-from minillm.quant import INT4_GROUP_SIZES
+from minillm.quant import INT4_GROUP_SIZES, QUANTIZATION_METHODS
 from minillm.utils.arg_types import int_in, json_object, parsed_by
 
 tiling = parsed_by(parse_tiling)
@@ -105,7 +105,7 @@ def _bench_decode(args) -> None:
         model = args.model if args.shape is None else str(write_llama_config(folder, **SHAPES[args.shape]))
         decode, prefill, summary = bench_decode(model, tuple(args.batches), args.context, args.steps,
                                                 tuple(args.prefill_lens), device=args.device, dtype=args.dtype,
-                                                modes=tuple(args.modes),
+                                                modes=tuple(args.modes), quantization=args.quantization,
                                                 load_format="auto" if args.shape is None else "dummy")
     print(format_table(decode, DECODE_COLUMNS))
     if prefill:
@@ -226,6 +226,8 @@ def add_bench_commands(sub: argparse._SubParsersAction, model_args: Callable[[ar
     dec.add_argument("--steps", type=int_in(1), default=10, help="decode steps timed per batch size")
     dec.add_argument("--prefill-lens", type=int_in(1), nargs="*", default=[128, 512, 2048, 8192])
     dec.add_argument("--modes", nargs="+", default=["eager", "graphs", "async"], choices=["eager", "graphs", "async"])
+    dec.add_argument("--quantization", default=None, choices=list(QUANTIZATION_METHODS),
+                     help="the decoder's linear layers quantized while loading (int4 in groups of 128)")
     dec.add_argument("--shape", default=None, choices=list(SHAPES),
                      help="instead of --model: a Llama of this shape with random weights made on the device "
                           "(load_format='dummy'; nothing written but its config)")

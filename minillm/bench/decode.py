@@ -125,18 +125,20 @@ def _roofline(row: dict, moved: float, flops: float, seconds: float, ridge: floa
 
 def bench_decode(model: str, batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256), context: int = 512,
                  steps: int = 10, prefill_lens: tuple[int, ...] = (128, 512, 2048, 8192), device: str | None = None,
-                 dtype: str = "auto", modes: tuple[str, ...] = MODES,
-                 load_format: str = "auto") -> tuple[list[dict], list[dict], dict]:
+                 dtype: str = "auto", modes: tuple[str, ...] = MODES, load_format: str = "auto",
+                 quantization: str | None = None) -> tuple[list[dict], list[dict], dict]:
     """Decode at each batch size (contexts of `context` tokens), eagerly and (CUDA) with graphs; on a
     GPU, a step of a 512-token prompt beside 63 decodes, likewise; prefill of one prompt of each
     length, likewise. Random token ids: the shapes are what matter. modes: MODES or one of them
     ("graphs" alone runs eagerly, labelled so, where the engine captures none); load_format "dummy":
     random weights made on the device, for a model folder that holds only its config.json; "async"
-    runs decode alone, prefill and the mixed step being what "graphs" measures."""
+    runs decode alone, prefill and the mixed step being what "graphs" measures; quantization: the
+    linear layers' weights quantized while loading (the bytes a step reads are then the quantized
+    model's)."""
     if not modes or any(mode not in MODES for mode in modes):
         raise ValueError(f"modes must be some of {MODES}, got {modes!r}")
     common = dict(device=device, dtype=dtype, skip_tokenizer_init=True, enable_prefix_caching=False,
-                  load_format=load_format)
+                  load_format=load_format, quantization=quantization)
     # The longest sequence: the largest batch's (`decoding`), the mixed step's decodes, or its prompt
     # chunk (the engines take the default tokens per step).
     budget = SchedulerConfig.max_num_batched_tokens
@@ -212,7 +214,8 @@ def bench_decode(model: str, batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64,
     batch1_gb_s = at(best, 1, "GB_s")
     eager_ms, graphs_ms, async_ms = at("eager", 1, "step_ms"), at("graphs", 1, "step_ms"), at("async", 1, "step_ms")
     summary = {"device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu", "dtype": str(torch_dtype),
-               "weight_GB": read_bytes / 1e9, "copy_GB_s": copy_bw / 1e9, "read_GB_s": read_bw / 1e9,
+               "quantization": quantization, "weight_GB": read_bytes / 1e9, "batch1_step_ms": at(best, 1, "step_ms"),
+               "copy_GB_s": copy_bw / 1e9, "read_GB_s": read_bw / 1e9,
                "matmul_TFLOP_s": peak / 1e12, "ridge_flop_per_byte": ridge,
                "batch1_of_copy_bw": at(best, 1, "of_copy_bw"),
                "batch1_of_read_bw": None if batch1_gb_s is None else batch1_gb_s * 1e9 / read_bw,

@@ -6,16 +6,18 @@ One program per block of output channels and per slice of the inputs (split-K), 
 position (`quant_tiles.word_dot_level`), int8 one per tile; the levels carry an offset that, with
 the zero point and the scale, is applied once per tile (`quant_tiles.py`). A single row has its own
 kernel (`_gemv_row_kernel`) on the plain ALUs, where an int4 weight costs a shift, one bitwise
-operation and one fp32 multiply-add, and an int8 weight one bitwise operation and a multiply-add;
+operation and one fp32 multiply-add (with fp16 inputs, two weights share each packed fp16
+instruction instead: `quant_half2.py`), and an int8 weight one bitwise operation and a multiply-add;
 each thread sums its own products, and the rows are reduced across threads once, after the loop.
 
 At batch 1 such a kernel can be bound by the instructions it issues: an H100 issues about 33 T
 lane-instructions a second, so reading 2.4 TB/s leaves at most about 14 instructions a byte.
-`python -m minillm.kernels.sass` counts the loops' from their machine code: 9.0 for int4's one
-row (9.6 with its loads a tile ahead, as both one-row loops now issue them) and 8.7 for its 2 to
-16, against 13.8 and 14.7 before they read words (triton 3.9; the triton 3.6 of BENCHMARKS.md's
-H100 issues 10.7 and 9.1). That count is a ceiling: these kernels still read at about half of an
-H100's bandwidth (BENCHMARKS.md), so what keeps bytes in flight matters as much.
+`python -m minillm.kernels.sass` counts the loops' from their machine code: 7.0 for int4's one
+row with fp16 inputs (packed fp16; 9.6 in fp32, with its loads a tile ahead, as both one-row loops
+now issue them) and 8.7 for its 2 to 16, against 13.8 and 14.7 before they read words (triton 3.9,
+and 3.6, the triton of BENCHMARKS.md's H100, for the packed loop; 3.6 compiles the fp32 one to
+10.7). That count is a ceiling: these kernels still read at about half of an H100's bandwidth
+(BENCHMARKS.md), so what keeps bytes in flight matters as much.
 
 Split-K is one launch: the last slice of each output block to finish adds the slices' partial sums
 in a fixed order, so results do not vary from run to run (greedy decoding stays reproducible) and a
@@ -28,6 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
+from minillm.kernels.quant_half2 import LEVEL_OFFSET, half2_pairs, word_dots_half2
 from minillm.kernels.quant_tiles import (
     dot_level_offset,
     dot_tile,
@@ -96,11 +99,13 @@ def _gemv_kernel(x_ptr, w_ptr, scales_ptr, zeros_ptr, bias_ptr, out_ptr, partial
 
 @triton.jit
 def _int4_row_tile(w_ptr, x_ptr, scales_ptr, zeros_ptr, rows, offs_n, mask_n, offs_j, k0, stride_sn,
-              GROUP_SIZE: tl.constexpr, BLOCK_K: tl.constexpr):
-    """The int4 one-row kernel's loads for the tile at input k0: its int32 words, its inputs (fp32),
-    and its rows' scale and zero point (fp32)."""
+              GROUP_SIZE: tl.constexpr, BLOCK_K: tl.constexpr, HALF2: tl.constexpr):
+    """The int4 one-row kernel's loads for the tile at input k0: its int32 words, its inputs (fp16
+    for HALF2, else fp32), and its rows' scale and zero point (fp32)."""
     w = tl.load(w_ptr + rows + (k0 // 8 + offs_j)[None, :], mask=mask_n[:, None], other=0)
-    x = tl.load(x_ptr + k0 + tl.arange(0, BLOCK_K)).to(tl.float32)
+    x = tl.load(x_ptr + k0 + tl.arange(0, BLOCK_K))
+    if not HALF2:
+        x = x.to(tl.float32)
     group = k0 // GROUP_SIZE
     scale = tl.load(scales_ptr + offs_n * stride_sn + group, mask=mask_n, other=0.0).to(tl.float32)
     zero = tl.load(zeros_ptr + offs_n * stride_sn + group, mask=mask_n, other=0.0).to(tl.float32)
@@ -121,10 +126,12 @@ def _int8_row_tile(w_ptr, x_ptr, rows, mask_n, k0, end, BLOCK_K: tl.constexpr):
 def _gemv_row_kernel(x_ptr, w_ptr, scales_ptr, zeros_ptr, bias_ptr, out_ptr, partial_ptr, counter_ptr, N, K,
                      tiles_per_split, num_splits, stride_wn, stride_sn, stride_split, INT4: tl.constexpr,
                      GROUP_SIZE: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr,
-                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PREFETCH: tl.constexpr = True):
+                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PREFETCH: tl.constexpr = True,
+                     HALF2: tl.constexpr = False, ASM: tl.constexpr = False):
     """One row of x: program (n, s) sums output channels of block n over input slice s. Levels are
     fp32 numbers 2**BITS + level (`float_levels`), the offset folded into the sum as in
-    `quant_tiles.py`."""
+    `quant_tiles.py`; with HALF2 (int4, fp16 inputs) a word's products are taken in packed fp16
+    (`quant_half2.py`, its PTX where ASM)."""
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -149,22 +156,30 @@ def _gemv_row_kernel(x_ptr, w_ptr, scales_ptr, zeros_ptr, bias_ptr, out_ptr, par
         acc2 = tl.zeros([BLOCK_N, WORDS], tl.float32)
         if PREFETCH:
             w, x, scale, zero = _int4_row_tile(w_ptr, x_ptr, scales_ptr, zeros_ptr, rows, offs_n, mask_n, offs_j,
-                                               start, stride_sn, GROUP_SIZE, BLOCK_K)
+                                               start, stride_sn, GROUP_SIZE, BLOCK_K, HALF2)
         for k0 in range(start, end, BLOCK_K):
             if PREFETCH:  # the last tile loads itself again, from cache (masked loads: 20 more instructions)
                 ahead = tl.minimum(k0 + BLOCK_K, end - BLOCK_K)
                 w_next, x_next, scale_next, zero_next = _int4_row_tile(w_ptr, x_ptr, scales_ptr, zeros_ptr, rows,
                                                                        offs_n, mask_n, offs_j, ahead, stride_sn,
-                                                                       GROUP_SIZE, BLOCK_K)
+                                                                       GROUP_SIZE, BLOCK_K, HALF2)
             else:
                 w, x, scale, zero = _int4_row_tile(w_ptr, x_ptr, scales_ptr, zeros_ptr, rows, offs_n, mask_n, offs_j,
-                                                   k0, stride_sn, GROUP_SIZE, BLOCK_K)
+                                                   k0, stride_sn, GROUP_SIZE, BLOCK_K, HALF2)
             planes = nibble_inputs(x, WORDS)
-            sums = tl.zeros([BLOCK_N, WORDS], tl.float32)
-            for i in tl.static_range(8):
-                sums += word_level(w, i) * planes[i][None, :]
-            x_sums = tl.sum(tl.reshape(x, [WORDS, 8]), 1)
-            acc2 += (sums - (zero + 16)[:, None] * x_sums[None, :]) * scale[:, None]
+            if HALF2:  # the four input pairs serve every row of the thread's share of the tile
+                sums = word_dots_half2(w, half2_pairs(planes[0], planes[4])[None, :],
+                                       half2_pairs(planes[1], planes[5])[None, :],
+                                       half2_pairs(planes[2], planes[6])[None, :],
+                                       half2_pairs(planes[3], planes[7])[None, :], ASM)
+                offset = LEVEL_OFFSET
+            else:
+                sums = tl.zeros([BLOCK_N, WORDS], tl.float32)
+                for i in tl.static_range(8):
+                    sums += word_level(w, i) * planes[i][None, :]
+                offset = 16
+            x_sums = tl.sum(tl.reshape(x.to(tl.float32), [WORDS, 8]), 1)
+            acc2 += (sums - (zero + offset)[:, None] * x_sums[None, :]) * scale[:, None]
             if PREFETCH:
                 w, x, scale, zero = w_next, x_next, scale_next, zero_next
         acc = tl.sum(acc2, 1)[None, :]
@@ -197,9 +212,10 @@ def gemv_tiles(target: GPUSpec | None, rows: int, int4: bool, group_size: int,
     """(BLOCK_N, BLOCK_K, warps) of the gemv path on `target` (None: the interpreter), a tile lying
     in one int4 group. The one-row kernel holds its tiles in registers: int8's sizes are the fastest
     of a sweep on an H100 (BENCHMARKS.md); int4's give each thread 4 rows of 4 words, so that the
-    inputs it converts serve 4 rows: 8.98 instructions a byte on sm_90 in 96 registers, 9.56 in 128
-    with its loads a tile ahead (`python -m minillm.kernels.sass`), where 8 rows on 2 warps issue
-    8.38 but take 255 registers, which leaves room for 8 warps an SM to wait on memory.
+    inputs it converts serve 4 rows: in fp32, 8.98 instructions a byte on sm_90 in 96 registers,
+    9.56 in 128 with its loads a tile ahead (`python -m minillm.kernels.sass`), where 8 rows on 2
+    warps issue 8.38 but take 255 registers, which leaves room for 8 warps an SM to wait on memory;
+    in packed fp16, 6.95 in 128.
     The tl.dot kernel stages x's rows and the weight tile in shared memory for the tensor cores, and
     takes narrower tiles where a GPU has too little of it."""
     block_k = min(128, group_size) if int4 else (128 if rows > 1 else 256)
@@ -274,7 +290,8 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor, zeros_arg:
     if rows == 1:
         _gemv_row_kernel[(n_blocks, splits)](
             x, packed, scales, zeros_arg, bias_arg, out, partial, counters, out_features, in_features,
-            tiles_per_split, splits, packed.stride(0), stride_sn, partial.stride(0), **common)
+            tiles_per_split, splits, packed.stride(0), stride_sn, partial.stride(0),
+            HALF2=int4 and x.dtype == torch.float16, ASM=target is not None, **common)
     else:
         offset = word_level_offset(x.dtype) if words else dot_level_offset(int4, x.dtype)
         _gemv_kernel[(n_blocks, splits, m_blocks)](

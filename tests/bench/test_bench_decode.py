@@ -126,3 +126,22 @@ def test_dummy_weights_are_random_small_and_on_the_device(tmp_path):
         LLM(str(tmp_path), load_format="dummy", quantization="int8", **args)
     with pytest.raises(ValueError, match="no \\*.safetensors weight files"):  # the default reads the checkpoint
         LLM(str(tmp_path), **args)
+
+
+def test_a_quantized_model_is_charged_its_quantized_bytes(tmp_path):
+    """`--quantization int4` (the GPU check's whole INT4 step): the step reads the packed weights,
+    their scales and zero points, and the layers left in the model's dtype, not the model's bytes."""
+    payloads = {}
+    for method in ("none", "int4"):
+        out = tmp_path / f"{method}.json"
+        main(["bench", "decode", "--model", "tiny", "--device", "cpu", "--dtype", "float32", "--batches", "1",
+              "--context", "16", "--steps", "3", "--prefill-lens", "--out", str(out)]
+             + ([] if method == "none" else ["--quantization", method]))
+        payloads[method] = json.loads(out.read_text())
+    assert payloads["none"]["summary"]["quantization"] is None
+    assert payloads["int4"]["summary"]["quantization"] == "int4"
+    engine = LLM("tiny", device="cpu", dtype="float32", skip_tokenizer_init=True, quantization="int4").llm_engine
+    assert payloads["int4"]["summary"]["weight_GB"] * 1e9 == weight_bytes(engine.model)[0]
+    assert payloads["int4"]["summary"]["weight_GB"] < 0.5 * payloads["none"]["summary"]["weight_GB"]
+    for payload in payloads.values():
+        assert payload["summary"]["batch1_step_ms"] == payload["rows"][0]["step_ms"]
