@@ -152,7 +152,9 @@ def _row(name: str, k: int, temperature: float, batch: int, run: dict, base: dic
 
 
 def _summary(rows: list[dict]) -> dict:
-    """The best k of each method, temperature and batch size, by measured speedup."""
+    """The best k of each method, temperature and batch size, by measured speedup; and for each method
+    and temperature, the smallest batch size measured where even the best k is slower than plain
+    decoding (None: it paid at every batch size measured)."""
     best: dict[str, dict] = {}
     for row in rows:
         if row["method"] == "plain":
@@ -160,4 +162,11 @@ def _summary(rows: list[dict]) -> dict:
         key = f"{row['method']} temp={row['temperature']} batch={row['batch']}"
         if key not in best or row["speedup"] > best[key]["speedup"]:
             best[key] = {"k": row["k"], "speedup": row["speedup"], "predicted_speedup": row["predicted_speedup"]}
-    return {"best_k": best}
+    stops_paying: dict[str, int | None] = {}
+    for row in sorted((r for r in rows if r["method"] != "plain"), key=lambda r: r["batch"]):
+        key = f"{row['method']} temp={row['temperature']}"
+        losing = best[f"{key} batch={row['batch']}"]["speedup"] < 1
+        stops_paying.setdefault(key, None)
+        if losing and stops_paying[key] is None:
+            stops_paying[key] = row["batch"]
+    return {"best_k": best, "stops_paying_at_batch": stops_paying}
