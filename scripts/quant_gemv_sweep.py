@@ -1,7 +1,7 @@
 """What the decode path of the quantized matmuls (`minillm/kernels/quant_gemv.py`) is sensitive to,
 on a CUDA GPU: the same layers as `minillm bench quant`, each launch parameter varied alone around
 the shipped choice (input slices, tile shape and warps, Triton's pipeline stages, the one-row
-kernels' loads issued a tile ahead or not, int4's packed fp16 arithmetic or fp32), beside fp16
+kernels' loads issued a tile ahead or not, int4's packed arithmetic or fp32), beside fp16
 F.linear and the device's read-only bandwidth, CUDA-graph timed on copies of the weights as `bench
 quant` times them. For deciding what to change in a kernel before changing it.
 
@@ -73,7 +73,7 @@ def sweep() -> list[dict]:
     runs += [("int4", 1, "prefetch", "off", s, t, {"PREFETCH": False})
              for s, t in ((None, None), (None, (64, 128, 4)), (1, None))]
     runs += [("int4", 1, "prefetch", "on", s, t, {}) for s, t in ((None, (64, 128, 4)), (1, None))]
-    # the fp32 loop the packed fp16 one replaced (quant_half2.py), as shipped and as last measured
+    # the fp32 loop the packed one replaced (quant_half2.py), as shipped and as last measured
     runs += [("int4", 1, "half2", "off" + label, None, t, {"HALF2": False, **extra})
              for label, t, extra in (("", None, {}), (", 64x128x2", (64, 128, 2), {}),
                                      (", prefetch off", None, {"PREFETCH": False}))]

@@ -6,18 +6,16 @@ One program per block of output channels and per slice of the inputs (split-K), 
 position (`quant_tiles.word_dot_level`), int8 one per tile; the levels carry an offset that, with
 the zero point and the scale, is applied once per tile (`quant_tiles.py`). A single row has its own
 kernel (`_gemv_row_kernel`) on the plain ALUs, where an int4 weight costs a shift, one bitwise
-operation and one fp32 multiply-add (with fp16 inputs, two weights share each packed fp16
+operation and one fp32 multiply-add (with 16-bit inputs, two weights share each packed
 instruction instead: `quant_half2.py`), and an int8 weight one bitwise operation and a multiply-add;
 each thread sums its own products, and the rows are reduced across threads once, after the loop.
 
 At batch 1 such a kernel can be bound by the instructions it issues: an H100 issues about 33 T
 lane-instructions a second, so reading 2.4 TB/s leaves at most about 14 instructions a byte.
 `python -m minillm.kernels.sass` counts the loops' from their machine code: 7.0 for int4's one
-row with fp16 inputs (packed fp16; 9.6 in fp32, with its loads a tile ahead, as both one-row loops
-now issue them) and 8.7 for its 2 to 16, against 13.8 and 14.7 before they read words (triton 3.9,
-and 3.6, the triton of BENCHMARKS.md's H100, for the packed loop; 3.6 compiles the fp32 one to
-10.7). That count is a ceiling: these kernels still read at about half of an H100's bandwidth
-(BENCHMARKS.md), so what keeps bytes in flight matters as much.
+row with fp16 inputs (packed; 9.6 in fp32, 10.3 under triton 3.6, the H100's in BENCHMARKS.md) and
+8.7 for its 2 to 16, against 13.8 and 14.7 before they read words. That count is a ceiling: these
+kernels still read at about half of an H100's bandwidth, so what keeps bytes in flight matters too.
 
 Split-K is one launch: the last slice of each output block to finish adds the slices' partial sums
 in a fixed order, so results do not vary from run to run (greedy decoding stays reproducible) and a
@@ -30,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from minillm.kernels.quant_half2 import LEVEL_OFFSET, LEVEL_UNIT, half2_pairs, word_dots_half2
+from minillm.kernels.quant_half2 import LEVEL_OFFSET, LEVEL_UNIT, half2_pairs, runs_ptx, word_dots_half2
 from minillm.kernels.quant_tiles import (
     dot_level_offset,
     dot_tile,
@@ -130,8 +128,8 @@ def _gemv_row_kernel(x_ptr, w_ptr, scales_ptr, zeros_ptr, bias_ptr, out_ptr, par
                      HALF2: tl.constexpr = False, ASM: tl.constexpr = False):
     """One row of x: program (n, s) sums output channels of block n over input slice s. Levels are
     fp32 numbers 2**BITS + level (`float_levels`), the offset folded into the sum as in
-    `quant_tiles.py`; with HALF2 (int4, fp16 inputs) a word's products are taken in packed fp16
-    (`quant_half2.py`, its PTX where ASM)."""
+    `quant_tiles.py`; with HALF2 (int4, 16-bit inputs) a word's products are taken in packed
+    arithmetic (`quant_half2.py`, its PTX where ASM)."""
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -171,7 +169,8 @@ def _gemv_row_kernel(x_ptr, w_ptr, scales_ptr, zeros_ptr, bias_ptr, out_ptr, par
                 sums = word_dots_half2(w, half2_pairs(planes[0], planes[4])[None, :],
                                        half2_pairs(planes[1], planes[5])[None, :],
                                        half2_pairs(planes[2], planes[6])[None, :],
-                                       half2_pairs(planes[3], planes[7])[None, :], ASM)
+                                       half2_pairs(planes[3], planes[7])[None, :],
+                                       x_ptr.dtype.element_ty == tl.bfloat16, ASM)
                 offset, unit = LEVEL_OFFSET, LEVEL_UNIT
             else:
                 sums = tl.zeros([BLOCK_N, WORDS], tl.float32)
@@ -215,7 +214,7 @@ def gemv_tiles(target: GPUSpec | None, rows: int, int4: bool, group_size: int,
     inputs it converts serve 4 rows: in fp32, 8.98 instructions a byte on sm_90 in 96 registers,
     9.56 in 128 with its loads a tile ahead (`python -m minillm.kernels.sass`), where 8 rows on 2
     warps issue 8.38 but take 255 registers, which leaves room for 8 warps an SM to wait on memory;
-    in packed fp16, 7.02 in 128.
+    packed (fp16 inputs), 7.02 in 128.
     The tl.dot kernel stages x's rows and the weight tile in shared memory for the tensor cores, and
     takes narrower tiles where a GPU has too little of it."""
     block_k = min(128, group_size) if int4 else (128 if rows > 1 else 256)
@@ -291,7 +290,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor, zeros_arg:
         _gemv_row_kernel[(n_blocks, splits)](
             x, packed, scales, zeros_arg, bias_arg, out, partial, counters, out_features, in_features,
             tiles_per_split, splits, packed.stride(0), stride_sn, partial.stride(0),
-            HALF2=int4 and x.dtype == torch.float16, ASM=target is not None, **common)
+            HALF2=int4 and x.dtype in (torch.float16, torch.bfloat16), ASM=runs_ptx(target), **common)
     else:
         offset = word_level_offset(x.dtype) if words else dot_level_offset(int4, x.dtype)
         _gemv_kernel[(n_blocks, splits, m_blocks)](

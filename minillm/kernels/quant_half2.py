@@ -1,42 +1,54 @@
-"""int4 words times fp16 inputs in packed fp16 (half2) arithmetic: the one-row int4 kernel's inner
-step where its inputs are fp16.
+"""int4 words times 16-bit inputs in packed arithmetic (half2: two fp16 or two bf16 numbers in one
+32-bit register, one instruction for both): the one-row int4 kernel's inner step.
 
-A 32-bit register holds two fp16 numbers, and one half2 instruction works on both. One bitwise
-operation (PTX `lop3`) turns two nibbles of a word into two numbers: masking nibbles 0 and 4 (bits
-0-3 and 16-19) and OR-ing 0x6400 (fp16 1024) into each half gives 1024 + level, exactly, as
-`quant_tiles.py` explains; nibbles 1 and 5 land 4 bits higher, as 1024 + 16 level. A word's 8
-levels, as (0, 4), (1, 5), (2, 6), (3, 7), cost a shift and four such operations, four half2
-multiply-adds make them (level - 8) / 8 (exact: multiples of 1/8 below 1), and four more take their
-products with the inputs that meet them, packed in the same pairs (`half2_pairs`): 13 instructions
-a word, 3.25 a weight byte, where the fp32 loop issues about 9.6 (`kernels/sass.py`).
+One bitwise operation (PTX `lop3`) turns two nibbles of a word into two numbers: masking nibbles 0
+and 4 (bits 0-3 and 16-19) and OR-ing a power of two P whose mantissa step is 1 into each half
+gives P + level, exactly, as `quant_tiles.py` explains (fp16 1024, bf16 128). A word's 8 levels
+come as the pairs (0, 4), (1, 5), (2, 6), (3, 7): four such operations and a shift (fp16 takes
+nibbles 1 and 5 four bits higher, as 1024 + 16 level, and needs one shift; bf16's 8-bit mantissa
+does not reach that far, and it takes three). Four packed multiply-adds make the pairs (level - 8)
+/ 8, exactly, and four more take their products with the inputs that meet them, packed in the same
+pairs (`half2_pairs`); two more instructions move each lane's sum to fp32 and one adds them: 16
+instructions a word for fp16 (18 for bf16), where the fp32 loop spends 24 on the levels and
+products alone (`kernels/sass.py` counts whole loops: 7.0 against 9.6 a byte on sm_90).
 
-Why (level - 8) / 8 and not 1024 + level, as the fp32 loop keeps: an fp16 product keeps 11 bits,
-which (1024 + level) x would spend on the 1024. Centred and scaled levels also keep the sums small:
-a product is at most |x|, and a lane sums 4 of them before the sum moves to fp32, so it overflows
-only if an fp16 model's inputs exceed 16,000 on all four. The 1/8 comes free, in the constants of
-the multiply-adds that centre the levels, and goes back in the scale. The price is precision: each
-product and partial sum rounds to fp16 (2^-11), where the fp32 loop rounds to 2^-24, about the
-rounding of the fp16 output itself. bf16 inputs keep the fp32 loop: a bf16 product keeps 8 bits.
+Why (level - 8) / 8 and not P + level, as the fp32 loop keeps: a 16-bit product keeps 11 (fp16)
+or 8 (bf16) bits, which (P + level) x would spend on P. Centred and scaled levels also keep the fp16
+sums small: a product is at most |x|, and a lane adds 4 of them before its sum moves to fp32, so it
+cannot overflow while every input is below 16,376 in size, and can only once four inputs of one lane
+add up past 65,504 (bf16 has fp32's range). The 1/8 comes free, in the constants of the
+multiply-adds that centre the levels, and goes back in the scale. The price is precision: each
+product and partial sum rounds to the inputs' dtype (2^-11 for fp16, 2^-8 for bf16) where the fp32
+loop keeps 24 bits; that is about one more rounding of the result, which is itself rounded to the
+inputs' dtype.
 
-Triton has no half2 arithmetic of its own (it compiles fp16 operations one number at a time), so on
-a GPU the step is inline PTX. Triton's CPU interpreter cannot run PTX; there the same steps run in
-Triton operations on the same packed bits (the masks, the magic number, the pairs), fp16 rounding
-included, so that the tests check the pairing and the constants.
+Triton has no packed arithmetic of its own (it compiles 16-bit operations one number at a time), so
+on a GPU the step is inline PTX: fp16 from sm_53, bf16 (`fma.rn.bf16x2`) from sm_80, which every GPU
+with bf16 has. Triton's CPU interpreter runs no PTX, and no bf16; there the fp16 steps run in Triton
+operations on the same packed bits (the masks, the magic number, the pairs, fp16 rounding), so that
+the kernel tests check the pairing and the constants, and tests/kernels/test_quant_half2.py runs
+both PTX programs through an evaluator of their instructions.
 """
 
 from __future__ import annotations
 
+import os
 import struct
 
 import triton
 import triton.language as tl
 
-_MAGIC = tl.constexpr(0x64006400)  # fp16 1024.0 in both halves
-_LOW_NIBBLES = tl.constexpr(0x000F000F)  # nibbles 0 and 4 of a word (bits 0-3, 16-19): 1024 + level
-_HIGH_NIBBLES = tl.constexpr(0x00F000F0)  # nibbles 1 and 5 (bits 4-7, 20-23): 1024 + 16 level
-# (level - 8) / 8 from 1024 + level and from 1024 + 16 level, in one multiply-add each
+from minillm.kernels.targets import GPUSpec
+
+_LOW_NIBBLES = tl.constexpr(0x000F000F)  # nibbles 0 and 4 of a word (bits 0-3, 16-19)
+_HIGH_NIBBLES = tl.constexpr(0x00F000F0)  # nibbles 1 and 5 (bits 4-7, 20-23)
+_FP16_MAGIC = tl.constexpr(0x64006400)  # fp16 1024.0 in both halves
+_BF16_MAGIC = 0x43004300  # bf16 128.0 in both halves
+# (level - 8) / 8, in one multiply-add each: fp16 from 1024 + level and from 1024 + 16 level, bf16
+# from 128 + level.
 _EIGHTH, _MINUS_129 = 0x3000, 0xD808  # fp16 1/8 and -129: (1024 + level) / 8 - 129
 _128TH, _MINUS_9 = 0x2000, 0xC880  # fp16 1/128 and -9: (1024 + 16 level) / 128 - 9
+_BF16_EIGHTH, _BF16_MINUS_17, _BF16_MINUS_0 = 0x3E00, 0xC188, 0x8000  # (128 + level) / 8 - 17; -0 adds nothing
 
 
 def fp16_value(bits: int) -> float:
@@ -48,29 +60,29 @@ _LOW_MUL, _LOW_ADD = tl.constexpr(fp16_value(_EIGHTH)), tl.constexpr(fp16_value(
 _HIGH_MUL, _HIGH_ADD = tl.constexpr(fp16_value(_128TH)), tl.constexpr(fp16_value(_MINUS_9))
 
 
-def _half2(bits: int) -> str:
+def _pair(bits: int) -> str:
     return f"0x{bits:04X}{bits:04X}"
 
 
-def _hex(word: tl.constexpr) -> str:
-    return f"0x{word.value:08X}"
+def _hex(word) -> str:
+    return f"0x{getattr(word, 'value', word):08X}"
 
 
 # lop3's truth table 0xEA is (a & b) | c. Without a rounding mode, ptxas may fuse a multiply and an
 # add into one multiply-add; .rn keeps every step as written (and as the interpreter runs it).
-_WORD_DOT_PTX = tl.constexpr(f"""{{
+_FP16_PTX = tl.constexpr(f"""{{
 .reg .b32 t0, t1, t2, t3, s, a, c0, c1, c2, c3;
 .reg .f16 h0, h1;
 .reg .f32 f0, f1;
-mov.b32 c0, {_half2(_EIGHTH)};
-mov.b32 c1, {_half2(_MINUS_129)};
-mov.b32 c2, {_half2(_128TH)};
-mov.b32 c3, {_half2(_MINUS_9)};
-lop3.b32 t0, $1, {_hex(_LOW_NIBBLES)}, {_hex(_MAGIC)}, 0xEA;
-lop3.b32 t1, $1, {_hex(_HIGH_NIBBLES)}, {_hex(_MAGIC)}, 0xEA;
+mov.b32 c0, {_pair(_EIGHTH)};
+mov.b32 c1, {_pair(_MINUS_129)};
+mov.b32 c2, {_pair(_128TH)};
+mov.b32 c3, {_pair(_MINUS_9)};
+lop3.b32 t0, $1, {_hex(_LOW_NIBBLES)}, {_hex(_FP16_MAGIC)}, 0xEA;
+lop3.b32 t1, $1, {_hex(_HIGH_NIBBLES)}, {_hex(_FP16_MAGIC)}, 0xEA;
 shr.b32 s, $1, 8;
-lop3.b32 t2, s, {_hex(_LOW_NIBBLES)}, {_hex(_MAGIC)}, 0xEA;
-lop3.b32 t3, s, {_hex(_HIGH_NIBBLES)}, {_hex(_MAGIC)}, 0xEA;
+lop3.b32 t2, s, {_hex(_LOW_NIBBLES)}, {_hex(_FP16_MAGIC)}, 0xEA;
+lop3.b32 t3, s, {_hex(_HIGH_NIBBLES)}, {_hex(_FP16_MAGIC)}, 0xEA;
 fma.rn.f16x2 t0, t0, c0, c1;
 fma.rn.f16x2 t1, t1, c2, c3;
 fma.rn.f16x2 t2, t2, c0, c1;
@@ -85,23 +97,59 @@ cvt.f32.f16 f1, h1;
 add.rn.f32 $0, f0, f1;
 }}""")
 
+# bf16: a lane's bits moved to the top of an fp32 are that number (bf16 is fp32's top half);
+# sm_80 has fma.rn.bf16x2 but no packed bf16 multiply, so the first product adds -0.
+_BF16_PTX = tl.constexpr(f"""{{
+.reg .b32 t0, t1, t2, t3, s, a, c0, c1, c2;
+.reg .f32 f0, f1;
+mov.b32 c0, {_pair(_BF16_EIGHTH)};
+mov.b32 c1, {_pair(_BF16_MINUS_17)};
+mov.b32 c2, {_pair(_BF16_MINUS_0)};
+lop3.b32 t0, $1, {_hex(_LOW_NIBBLES)}, {_hex(_BF16_MAGIC)}, 0xEA;
+shr.b32 s, $1, 4;
+lop3.b32 t1, s, {_hex(_LOW_NIBBLES)}, {_hex(_BF16_MAGIC)}, 0xEA;
+shr.b32 s, $1, 8;
+lop3.b32 t2, s, {_hex(_LOW_NIBBLES)}, {_hex(_BF16_MAGIC)}, 0xEA;
+shr.b32 s, $1, 12;
+lop3.b32 t3, s, {_hex(_LOW_NIBBLES)}, {_hex(_BF16_MAGIC)}, 0xEA;
+fma.rn.bf16x2 t0, t0, c0, c1;
+fma.rn.bf16x2 t1, t1, c0, c1;
+fma.rn.bf16x2 t2, t2, c0, c1;
+fma.rn.bf16x2 t3, t3, c0, c1;
+fma.rn.bf16x2 a, t0, $2, c2;
+fma.rn.bf16x2 a, t1, $3, a;
+fma.rn.bf16x2 a, t2, $4, a;
+fma.rn.bf16x2 a, t3, $5, a;
+shl.b32 s, a, 16;
+mov.b32 f0, s;
+and.b32 s, a, 0xFFFF0000;
+mov.b32 f1, s;
+add.rn.f32 $0, f0, f1;
+}}""")
+
 # Each level here is (level + LEVEL_OFFSET) * LEVEL_UNIT: the offset folds into the sum as in
 # `quant_tiles.py`, and the unit into the scale.
 LEVEL_OFFSET = tl.constexpr(-8)
 LEVEL_UNIT = tl.constexpr(0.125)
 
 
+def runs_ptx(target: GPUSpec | None) -> bool:
+    """Whether a launch for `target` (None: the interpreter) runs the PTX rather than its steps in
+    Triton operations: on a GPU, unless Triton's interpreter runs even GPU tensors' kernels."""
+    return target is not None and os.environ.get("TRITON_INTERPRET") != "1"
+
+
 @triton.jit
 def half2_pairs(low, high):
-    """Two fp16 tensors -> int32 words holding `low` in their low half and `high` in their high half,
-    as a half2 register holds two numbers."""
+    """Two tensors of a 16-bit dtype -> int32 words holding `low` in their low half and `high` in
+    their high half, as a packed register holds two numbers."""
     low_bits = low.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
     return low_bits | (high.to(tl.int16, bitcast=True).to(tl.int32) << 16)
 
 
 @triton.jit
 def _halves(pairs):
-    """The inverse of `half2_pairs`, in fp32."""
+    """The inverse of `half2_pairs` for fp16, in fp32."""
     low = (pairs & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True)
     high = ((pairs >> 16) & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True)
     return low.to(tl.float32), high.to(tl.float32)
@@ -109,8 +157,8 @@ def _halves(pairs):
 
 @triton.jit
 def _multiply_add(levels, pairs, sums):
-    """Both lanes of fp16 fma(levels, inputs, sums), one rounding each, on fp32 numbers that fp16
-    holds (the product of two fp16 numbers is exact in fp32)."""
+    """Both lanes of fp16 fma(levels, inputs, sums): taken in fp32, where the product of two fp16
+    numbers is exact and the sum nearly always is, then rounded to fp16."""
     l0, l1 = _halves(levels)
     x0, x1 = _halves(pairs)
     s0, s1 = sums
@@ -119,9 +167,9 @@ def _multiply_add(levels, pairs, sums):
 
 @triton.jit
 def _centred_levels(words, MASK: tl.constexpr):
-    """The interpreter's lop3 and level fix-up: two nibbles per word as (level - 8) / 8 in both
-    halves of an int32 (fp16 bits), through 1024 + level or 1024 + 16 level as on the GPU."""
-    magic = _halves((words & MASK) | _MAGIC)
+    """The interpreter's lop3 and level fix-up for fp16: two nibbles per word as (level - 8) / 8 in
+    both halves of an int32 (fp16 bits), through 1024 + level or 1024 + 16 level as on the GPU."""
+    magic = _halves((words & MASK) | _FP16_MAGIC)
     if MASK == _LOW_NIBBLES:
         low, high = magic[0] * _LOW_MUL + _LOW_ADD, magic[1] * _LOW_MUL + _LOW_ADD
     else:
@@ -130,15 +178,16 @@ def _centred_levels(words, MASK: tl.constexpr):
 
 
 @triton.jit
-def word_dots_half2(words, x0, x1, x2, x3, ASM: tl.constexpr):
+def word_dots_half2(words, x0, x1, x2, x3, BF16: tl.constexpr, ASM: tl.constexpr):
     """For each int32 word of 8 levels, sum_i (level_i - 8) / 8 x_i in fp32, where x0 .. x3 are
-    `half2_pairs` of the inputs that meet nibbles (0, 4), (1, 5), (2, 6) and (3, 7): each lane sums
-    its 4 products in fp16, and the two lanes are added in fp32. ASM: the PTX (a GPU); otherwise the
-    same steps in Triton operations (the interpreter)."""
+    `half2_pairs` of the inputs (fp16, or bf16 where BF16) that meet nibbles (0, 4), (1, 5), (2, 6)
+    and (3, 7): each lane sums its 4 products in the inputs' dtype, and the two lanes are added in
+    fp32. ASM: the PTX (`runs_ptx`); otherwise the same fp16 steps in Triton operations."""
     if ASM:
-        return tl.inline_asm_elementwise(_WORD_DOT_PTX, "=r,r,r,r,r,r", [words, x0, x1, x2, x3], dtype=tl.float32,
-                                         is_pure=True, pack=1)
+        return tl.inline_asm_elementwise(_BF16_PTX if BF16 else _FP16_PTX, "=r,r,r,r,r,r",
+                                         [words, x0, x1, x2, x3], dtype=tl.float32, is_pure=True, pack=1)
     else:
+        tl.static_assert(not BF16, "bf16 runs on a GPU only (Triton's interpreter has none)")
         shifted = words >> 8
         l0, l1 = _halves(_centred_levels(words, _LOW_NIBBLES))
         p0, p1 = _halves(x0)

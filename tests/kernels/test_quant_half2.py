@@ -1,12 +1,15 @@
-"""The packed fp16 step of the one-row int4 kernel (minillm.kernels.quant_half2) without a GPU: its
-PTX run by a small evaluator of the dozen instructions it uses, as the PTX manual defines them,
-against the steps the interpreter runs (bit for bit) and against the sum it stands for. The kernel
-tests (test_quant_kernels.py) check the interpreter's steps inside the kernel; this checks that the
-PTX a GPU runs computes the same."""
+"""The packed step of the one-row int4 kernel (minillm.kernels.quant_half2) without a GPU: its two
+PTX programs (fp16 and bf16 inputs) run by a small evaluator of the instructions they use, as the
+PTX manual defines them, against the sum they stand for, and the fp16 one bit for bit against the
+steps the interpreter runs. The kernel tests (test_quant_kernels.py) check the interpreter's steps
+inside the kernel; this checks that the PTX a GPU runs computes the same. Lanes are evaluated
+independently, low half with low half, as packed instructions work."""
 
 from __future__ import annotations
 
+import math
 import re
+import struct
 
 import numpy as np
 import pytest
@@ -17,59 +20,93 @@ pytest.importorskip("triton")
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from minillm.kernels.quant_half2 import _WORD_DOT_PTX, LEVEL_OFFSET, LEVEL_UNIT, half2_pairs, word_dots_half2  # noqa: E402
+from minillm.kernels.quant_half2 import (  # noqa: E402
+    _BF16_PTX,
+    _FP16_PTX,
+    LEVEL_OFFSET,
+    LEVEL_UNIT,
+    half2_pairs,
+    word_dots_half2,
+)
 
 
-def _halves(bits: int) -> tuple[np.float16, np.float16]:
-    return tuple(np.array([bits & 0xFFFF, bits >> 16], dtype=np.uint16).view(np.float16))
+def _fp16(bits: int) -> float:
+    return float(np.array([bits], dtype=np.uint16).view(np.float16)[0])
 
 
-def _pack(low: float, high: float) -> int:
-    lo, hi = np.array([low, high], dtype=np.float16).view(np.uint16)
-    return int(lo) | int(hi) << 16
+def _to_fp16(value: float) -> int:
+    return int(np.array([value], dtype=np.float16).view(np.uint16)[0])  # numpy rounds float64 to nearest even
 
 
-def _lanes(op, *operands: int) -> int:
-    """A half2 instruction: each lane computed exactly in float64 and rounded once to fp16."""
-    lanes = zip(*(_halves(x) for x in operands))
-    return _pack(*(op(*map(np.float64, lane)) for lane in lanes))
+def _bf16(bits: int) -> float:
+    return struct.unpack("<f", struct.pack("<I", bits << 16))[0]
+
+
+def _to_bf16(value: float) -> int:
+    """Round to nearest even at bf16's 8 significant bits, from the exact value."""
+    if value == 0:
+        return 0x8000 if math.copysign(1, value) < 0 else 0
+    mantissa, exponent = math.frexp(value)
+    rounded = math.ldexp(round(mantissa * 256), exponent - 8)
+    return struct.unpack("<I", struct.pack("<f", rounded))[0] >> 16
+
+
+FORMATS = {"f16x2": (_fp16, _to_fp16), "bf16x2": (_bf16, _to_bf16)}
+
+
+def _pack(low: int, high: int) -> int:
+    return low | high << 16
+
+
+def _lanes(kind: str, op, *operands: int) -> int:
+    """A packed instruction: each lane computed exactly in float64, then rounded once."""
+    read, write = FORMATS[kind]
+    lanes = zip(*((read(x & 0xFFFF), read(x >> 16)) for x in operands))
+    return _pack(*(write(op(*lane)) for lane in lanes))
 
 
 def run_ptx(ptx: str, inputs: list[int]) -> float:
     """The value of $0 after `ptx`, with $1, $2, ... holding `inputs` (32-bit registers)."""
     regs: dict[str, object] = {f"${i + 1}": v for i, v in enumerate(inputs)}
+    floats = set()  # registers declared .f32: a .b32 moved into one is read as fp32 bits
 
     def value(operand: str):
         return int(operand, 16) if operand.startswith("0x") else regs[operand]
 
     for line in ptx.strip().strip("{}").split(";"):
         line = line.strip()
+        if line.startswith(".reg .f32"):
+            floats.update(name.strip() for name in line.removeprefix(".reg .f32").split(","))
         if not line or line.startswith(".reg"):
             continue
         opcode, rest = line.split(None, 1)
-        if opcode == "mov.b32" and rest.startswith("{"):  # unpack a register into its two halves
+        if opcode == "mov.b32" and rest.startswith("{"):  # unpack a register into its two fp16 halves
             low, high, source = re.match(r"\{(\w+), (\w+)\}, (\w+)", rest).groups()
-            regs[low], regs[high] = _halves(value(source))
+            regs[low], regs[high] = _fp16(value(source) & 0xFFFF), _fp16(value(source) >> 16)
             continue
         dest, *args = [a.strip() for a in rest.split(",")]
+        kind = opcode.split(".")[-1]
         if opcode == "mov.b32":
-            result = value(args[0])
+            bits = value(args[0])
+            result = struct.unpack("<f", struct.pack("<I", bits))[0] if dest in floats else bits
         elif opcode == "lop3.b32":
             a, b, c, table = map(value, args)
             result = sum(((table >> ((a >> i & 1) << 2 | (b >> i & 1) << 1 | (c >> i & 1))) & 1) << i
                          for i in range(32))
         elif opcode == "shr.b32":
             result = value(args[0]) >> int(args[1])
-        elif opcode == "add.rn.f16x2":
-            result = _lanes(lambda a, b: a + b, *map(value, args))
+        elif opcode == "shl.b32":
+            result = value(args[0]) << int(args[1]) & 0xFFFFFFFF
+        elif opcode == "and.b32":
+            result = value(args[0]) & value(args[1])
         elif opcode == "mul.rn.f16x2":
-            result = _lanes(lambda a, b: a * b, *map(value, args))
-        elif opcode == "fma.rn.f16x2":
-            result = _lanes(lambda a, b, c: a * b + c, *map(value, args))
+            result = _lanes(kind, lambda a, b: a * b, *map(value, args))
+        elif opcode in ("fma.rn.f16x2", "fma.rn.bf16x2"):
+            result = _lanes(kind, lambda a, b, c: a * b + c, *map(value, args))
         elif opcode == "cvt.f32.f16":
-            result = np.float32(value(args[0]))
+            result = float(value(args[0]))
         elif opcode == "add.rn.f32":
-            result = np.float32(value(args[0]) + value(args[1]))
+            result = float(np.float32(value(args[0]) + value(args[1])))
         else:
             raise AssertionError(f"the evaluator does not know {opcode}")
         regs[dest] = result
@@ -81,35 +118,52 @@ def _interpreter_steps(words_ptr, x_ptr, out_ptr, N: tl.constexpr):
     offs = tl.arange(0, N)
     words = tl.load(words_ptr + offs)
     x = [half2_pairs(tl.load(x_ptr + offs * 8 + i), tl.load(x_ptr + offs * 8 + i + 4)) for i in tl.static_range(4)]
-    tl.store(out_ptr + offs, word_dots_half2(words, x[0], x[1], x[2], x[3], False))
+    tl.store(out_ptr + offs, word_dots_half2(words, x[0], x[1], x[2], x[3], False, False))
 
 
 @pytest.fixture(scope="module")
 def cases() -> tuple[np.ndarray, np.ndarray]:
     """Words of every bit pattern (the sign bit too) and signed inputs of several magnitudes, up to
-    thousands, where a sum of 4 products would overflow fp16 if the levels were not scaled by 1/8."""
+    thousands, where a lane's fp16 sum of 4 products would overflow if the levels were not scaled by
+    1/8 (as fp32, exact in fp16 and bf16 alike: rounded to fp16, then to bf16's 8 bits)."""
     rng = np.random.default_rng(0)
     words = rng.integers(-2 ** 31, 2 ** 31, 64, dtype=np.int64).astype(np.int32)
     words[:4] = [0, -1, 0x76543210, -0x789ABCDF]
     x = (rng.standard_normal((64, 8)) * rng.choice([0.01, 1.0, 30.0, 4000.0], (64, 1))).astype(np.float16)
-    return words, x
+    return words, torch.from_numpy(x).bfloat16().float().numpy()
 
 
-def test_the_ptx_computes_what_the_interpreter_runs_bit_for_bit(cases):
+def _inputs(word, x_row: np.ndarray, to_bits) -> list[int]:
+    """The PTX's operands: the word, then the inputs of nibbles (i, i + 4) packed as `half2_pairs` does."""
+    return [int(word) & 0xFFFFFFFF] + [_pack(to_bits(float(x_row[i])), to_bits(float(x_row[i + 4])))
+                                       for i in range(4)]
+
+
+def test_the_fp16_ptx_computes_what_the_interpreter_runs_bit_for_bit(cases):
     words, x = cases
     out = torch.empty(len(words))
-    _interpreter_steps[(1,)](torch.from_numpy(words), torch.from_numpy(x.reshape(-1)), out, N=len(words))
+    _interpreter_steps[(1,)](torch.from_numpy(words), torch.from_numpy(x.reshape(-1)).half(), out, N=len(words))
     for j, word in enumerate(words):
-        inputs = [int(word) & 0xFFFFFFFF] + [_pack(x[j, i], x[j, i + 4]) for i in range(4)]
-        assert run_ptx(_WORD_DOT_PTX.value, inputs) == out[j].item(), j
+        assert run_ptx(_FP16_PTX.value, _inputs(word, x[j], _to_fp16)) == out[j].item(), j
 
 
-def test_the_ptx_sums_each_centred_level_times_its_input_over_a_word(cases):
+@pytest.mark.parametrize("dtype", ["f16x2", "bf16x2"])
+def test_the_ptx_sums_each_centred_level_times_its_input_over_a_word(cases, dtype):
     words, x = cases
+    ptx, unit_roundoff = {"f16x2": (_FP16_PTX, 2.0 ** -11), "bf16x2": (_BF16_PTX, 2.0 ** -8)}[dtype]
     for j, word in enumerate(words):
         levels = [(int(word) & 0xFFFFFFFF) >> (4 * i) & 0xF for i in range(8)]
         exact = sum((level + LEVEL_OFFSET.value) * LEVEL_UNIT.value * float(x[j, i]) for i, level in enumerate(levels))
-        inputs = [int(word) & 0xFFFFFFFF] + [_pack(x[j, i], x[j, i + 4]) for i in range(4)]
-        # two lanes of 4 fp16 roundings each, a partial sum at most 4 |x|
-        bound = 8 * 2.0 ** -11 * 4 * np.abs(x[j].astype(np.float64)).max()
-        assert abs(run_ptx(_WORD_DOT_PTX.value, inputs) - exact) <= bound, (j, levels)
+        # two lanes of 4 roundings each, each at most a unit roundoff of a partial sum of at most 4 |x|
+        bound = 8 * unit_roundoff * 4 * np.abs(x[j]).max()
+        assert abs(run_ptx(ptx.value, _inputs(word, x[j], FORMATS[dtype][1])) - exact) <= bound, (j, levels)
+
+
+def test_each_lane_meets_its_own_inputs():
+    """One level at a time: the word with only nibble i set, against inputs that are powers of two
+    of different sizes, picks exactly input i (a swapped pair or lane would pick another)."""
+    x = [2.0 ** i for i in range(8)]
+    for ptx, to_bits in ((_FP16_PTX, _to_fp16), (_BF16_PTX, _to_bf16)):
+        for i in range(8):
+            word = 0x88888888 & ~(0xF << 4 * i) | (0x9 << 4 * i)  # every level 8 (zero), nibble i at 9
+            assert run_ptx(ptx.value, _inputs(word, np.array(x), to_bits)) == x[i] / 8, (ptx, i)

@@ -41,7 +41,7 @@ def costs() -> dict:
 
 def test_the_one_row_int4_loop_issues_fast_enough_to_read_at_full_bandwidth(costs):
     # 13.8 instructions a byte before each thread kept its own sums over 8 levels a word, 9.6 with
-    # them in fp32; the half2 steps of fp16 inputs (quant_half2.py) issue 7.0, 4.6 TB/s at most.
+    # them in fp32; the half2 steps of fp16 inputs (quant_half2.py) issue 7.0, 4.8 TB/s at most.
     per_byte, mix = costs["int4 1"]
     assert per_byte < 7.5 and mix.get("HFMA2", 0) >= 80, mix
 
