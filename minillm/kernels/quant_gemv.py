@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from minillm.kernels.quant_half2 import LEVEL_OFFSET, LEVEL_UNIT, half2_pairs, runs_ptx, word_dots_half2
+from minillm.kernels.quant_half2 import LEVEL_OFFSET, LEVEL_UNIT, half2_pairs, packs, runs_ptx, word_dots_half2
 from minillm.kernels.quant_tiles import (
     dot_level_offset,
     dot_tile,
@@ -290,7 +290,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor, zeros_arg:
         _gemv_row_kernel[(n_blocks, splits)](
             x, packed, scales, zeros_arg, bias_arg, out, partial, counters, out_features, in_features,
             tiles_per_split, splits, packed.stride(0), stride_sn, partial.stride(0),
-            HALF2=int4 and x.dtype in (torch.float16, torch.bfloat16), ASM=runs_ptx(target), **common)
+            HALF2=int4 and packs(x.dtype, target), ASM=runs_ptx(target), **common)
     else:
         offset = word_level_offset(x.dtype) if words else dot_level_offset(int4, x.dtype)
         _gemv_kernel[(n_blocks, splits, m_blocks)](

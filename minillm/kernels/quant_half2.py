@@ -23,11 +23,11 @@ loop keeps 24 bits; that is about one more rounding of the result, which is itse
 inputs' dtype.
 
 Triton has no packed arithmetic of its own (it compiles 16-bit operations one number at a time), so
-on a GPU the step is inline PTX: fp16 from sm_53, bf16 (`fma.rn.bf16x2`) from sm_80, which every GPU
-with bf16 has. Triton's CPU interpreter runs no PTX, and no bf16; there the fp16 steps run in Triton
-operations on the same packed bits (the masks, the magic number, the pairs, fp16 rounding), so that
-the kernel tests check the pairing and the constants, and tests/kernels/test_quant_half2.py runs
-both PTX programs through an evaluator of their instructions.
+on a GPU the step is inline PTX: fp16 from sm_53, bf16 (`fma.rn.bf16x2`) from sm_80, the first GPUs
+with bf16 arithmetic (`packs`). Triton's CPU interpreter runs no PTX: there the fp16 steps run in
+Triton operations on the same packed bits (the masks, the magic number, the pairs, fp16 rounding),
+so that the kernel tests check the pairing and the constants, and bf16 keeps the fp32 loop.
+tests/kernels/test_quant_half2.py runs both PTX programs through an evaluator of their instructions.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from __future__ import annotations
 import os
 import struct
 
+import torch
 import triton
 import triton.language as tl
 
@@ -139,6 +140,14 @@ def runs_ptx(target: GPUSpec | None) -> bool:
     return target is not None and os.environ.get("TRITON_INTERPRET") != "1"
 
 
+def packs(dtype: torch.dtype, target: GPUSpec | None) -> bool:
+    """Whether int4 products with inputs of `dtype` take the packed step on `target`: fp16 always
+    (its PTX, or its steps in the interpreter); bf16 where its PTX runs, from sm_80."""
+    if dtype == torch.bfloat16:
+        return runs_ptx(target) and target.capability >= 80
+    return dtype == torch.float16
+
+
 @triton.jit
 def half2_pairs(low, high):
     """Two tensors of a 16-bit dtype -> int32 words holding `low` in their low half and `high` in
@@ -187,7 +196,7 @@ def word_dots_half2(words, x0, x1, x2, x3, BF16: tl.constexpr, ASM: tl.constexpr
         return tl.inline_asm_elementwise(_BF16_PTX if BF16 else _FP16_PTX, "=r,r,r,r,r,r",
                                          [words, x0, x1, x2, x3], dtype=tl.float32, is_pure=True, pack=1)
     else:
-        tl.static_assert(not BF16, "bf16 runs on a GPU only (Triton's interpreter has none)")
+        tl.static_assert(not BF16, "bf16 takes the packed step where its PTX runs only (`packs`)")
         shifted = words >> 8
         l0, l1 = _halves(_centred_levels(words, _LOW_NIBBLES))
         p0, p1 = _halves(x0)

@@ -13,7 +13,8 @@ the longest body that a backward branch closes. Per loop iteration one thread ha
 BLOCK_N x BLOCK_K weights / (32 x warps), so the instructions in the body over the bytes a thread
 reads in one iteration is what a byte costs.
 
-    python -m minillm.kernels.sass        # the int4 and int8 matmuls at 1 and 4 rows, and the
+    python -m minillm.kernels.sass        # the int4 and int8 matmuls at 1 and 4 rows (the one-row
+                                          # int4 loop also in fp32 and with bf16 inputs), and the
                                           # ragged attention kernel's loop, on an H100
 
 Triton's interpreter must be off (TRITON_INTERPRET unset), as for `aot.py`.
@@ -95,6 +96,7 @@ def disassembled(fn, launch, target: GPUSpec) -> str:
 
 
 def loop_cost(fn, args: tuple, kwargs: dict, target: GPUSpec, weight_bits: int) -> LoopCost:
+    """The hot loop of a recorded launch; kwargs may override its constexprs (HALF2=False)."""
     launch = launch_of(fn, args, kwargs)
     body = hot_loop(disassembled(fn, launch, target))
     constexprs, options = dict(launch.constexprs), dict(launch.options)
@@ -104,23 +106,27 @@ def loop_cost(fn, args: tuple, kwargs: dict, target: GPUSpec, weight_bits: int) 
                     constexprs["BLOCK_N"] * constexprs["BLOCK_K"] * weight_bits / 8 / threads, Counter(body))
 
 
-def quant_matmul_costs(target: GPUSpec, rows: tuple[int, ...] = (1, 4)) -> list[tuple[str, int, LoopCost]]:
+def quant_matmul_costs(target: GPUSpec, rows: tuple[int, ...] = (1, 4), dtype: torch.dtype = torch.float16,
+                       methods: tuple[str, ...] = ("int4", "int8"),
+                       overrides: dict | None = None) -> list[tuple[str, int, LoopCost]]:
     """(method, rows, cost) of the int4 (groups of 128) and int8 decode matmuls of a 4096 x 4096
-    fp16 layer on `target`."""
+    layer in `dtype` on `target`; overrides: constexprs forced on the launches (HALF2=False: the
+    one-row int4 kernel's fp32 products)."""
     from minillm.kernels.quant_matmul import int4_matmul, int8_matmul
     from minillm.quant.int4 import quantize_int4
     from minillm.quant.int8 import quantize_int8
 
-    weight = torch.randn(4096, 4096).half()
-    methods = {"int4": (lambda x: int4_matmul(x, *quantize_int4(weight, 128), 128), 4),
+    weight = torch.randn(4096, 4096).to(dtype)
+    matmuls = {"int4": (lambda x: int4_matmul(x, *quantize_int4(weight, 128), 128), 4),
                "int8": (lambda x: int8_matmul(x, *quantize_int8(weight)), 8)}
     costs = []
-    for method, (matmul, bits) in methods.items():
+    for method in methods:
+        matmul, bits = matmuls[method]
         for n in rows:
             with aot_target(target), record_launches() as records:
-                matmul(torch.randn(n, 4096).half())
+                matmul(torch.randn(n, 4096).to(dtype))
             fn, args, kwargs = records[0]
-            costs.append((method, n, loop_cost(fn, args, kwargs, target, bits)))
+            costs.append((method, n, loop_cost(fn, args, {**kwargs, **(overrides or {})}, target, bits)))
     return costs
 
 
@@ -137,8 +143,10 @@ def prefill_attention_loop(target: GPUSpec) -> tuple[str, Counter]:
     fn, args, kwargs = records[0]
     launch = launch_of(fn, args, kwargs)
     # The first loop with matrix multiplies (the binary search for the program's sequence is a loop
-    # too): the keys below the diagonal; the diagonal's loop, with its masks, comes after it.
-    unmasked = next(body for body in loop_bodies(disassembled(fn, launch, target)) if any("MMA" in op for op in body))
+    # too): the keys below the diagonal; the diagonal's loop, with its masks, comes after it. Where
+    # the compiler took no tensor cores (a T4's tiles), the longest loop.
+    bodies = loop_bodies(disassembled(fn, launch, target))
+    unmasked = next((body for body in bodies if any("MMA" in op for op in body)), max(bodies, key=len))
     constexprs, options = dict(launch.constexprs), dict(launch.options)
     config = f"BLOCK_M={constexprs['BLOCK_M']}, BLOCK_N={constexprs['BLOCK_N']}, num_warps={options['num_warps']}"
     return config, Counter(unmasked)
@@ -153,12 +161,19 @@ def main(argv: list[str] | None = None) -> None:
     target = TARGETS[args.cc]
     print(f"{target.name}: {target.num_sms} SMs at {target.clock_ghz} GHz; 4096 x 4096 fp16 layer, int4 in groups "
           "of 128")
-    print(f"{'method':<6} {'rows':>4}  {'kernel':<17} {'loop':>6} {'bytes':>6} {'per byte':>8} {'ceiling':>10}  "
+    print(f"{'method':<9} {'rows':>4}  {'kernel':<17} {'loop':>6} {'bytes':>6} {'per byte':>8} {'ceiling':>10}  "
           "most issued")
-    for method, rows, cost in quant_matmul_costs(target):
-        mix = ", ".join(f"{op} {n}" for op, n in cost.mix.most_common(6))
-        print(f"{method:<6} {rows:>4}  {cost.kernel:<17} {cost.instructions:>6} {cost.bytes_per_iteration:>6.0f} "
-              f"{cost.per_byte:>8.2f} {cost.issue_ceiling(target) / 1e12:>7.2f} TB/s  {mix}  ({cost.config})")
+    # The one-row int4 kernel's fp32 products, which packed arithmetic replaced, and its bf16 inputs.
+    variants = [("", quant_matmul_costs(target)),
+                (" fp32", quant_matmul_costs(target, (1,), methods=("int4",), overrides={"HALF2": False}))]
+    if target.capability >= 80:
+        variants.append((" bf16", quant_matmul_costs(target, (1,), torch.bfloat16, ("int4",))))
+    for label, costs in variants:
+        for method, rows, cost in costs:
+            mix = ", ".join(f"{op} {n}" for op, n in cost.mix.most_common(6))
+            print(f"{method + label:<9} {rows:>4}  {cost.kernel:<17} {cost.instructions:>6} "
+                  f"{cost.bytes_per_iteration:>6.0f} {cost.per_byte:>8.2f} {cost.issue_ceiling(target) / 1e12:>7.2f} "
+                  f"TB/s  {mix}  ({cost.config})")
     config, mix = prefill_attention_loop(target)
     mma = sum(n for op, n in mix.items() if "MMA" in op)
     print(f"\nragged attention, a 2,048-token prompt, head dim 128 ({config}): {mix.total()} instructions a tile of "

@@ -26,6 +26,8 @@ from minillm.kernels.quant_half2 import (  # noqa: E402
     LEVEL_OFFSET,
     LEVEL_UNIT,
     half2_pairs,
+    packs,
+    runs_ptx,
     word_dots_half2,
 )
 
@@ -167,3 +169,15 @@ def test_each_lane_meets_its_own_inputs():
         for i in range(8):
             word = 0x88888888 & ~(0xF << 4 * i) | (0x9 << 4 * i)  # every level 8 (zero), nibble i at 9
             assert run_ptx(ptx.value, _inputs(word, np.array(x), to_bits)) == x[i] / 8, (ptx, i)
+
+
+def test_bf16_takes_the_packed_step_only_where_its_ptx_runs(monkeypatch):
+    from minillm.kernels.targets import TARGETS
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    assert packs(torch.float16, None) and packs(torch.float16, TARGETS[75])  # the interpreter runs fp16's steps
+    assert packs(torch.bfloat16, TARGETS[80]) and packs(torch.bfloat16, TARGETS[90])
+    assert not packs(torch.bfloat16, None) and not packs(torch.bfloat16, TARGETS[75])  # no bf16x2 before sm_80
+    assert not packs(torch.float32, TARGETS[90])
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # the interpreter, even for a GPU's tensors
+    assert not packs(torch.bfloat16, TARGETS[90]) and not runs_ptx(TARGETS[90])

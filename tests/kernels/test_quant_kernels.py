@@ -48,7 +48,7 @@ def generator(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
-def tolerance(method: str, dtype: torch.dtype, k: int) -> float:
+def tolerance(method: str, dtype: torch.dtype, k: int, rows: int) -> float:
     """The relative error (norm-wise) that rounding allows a kernel against the fp32 reference on
     random signed inputs. The result rounds once to its dtype (UNIT_ROUNDOFF). Before that both sides
     sum in fp32, the kernels over terms that carry the level offset (`quant_tiles.py`): up to
@@ -60,14 +60,14 @@ def tolerance(method: str, dtype: torch.dtype, k: int) -> float:
     128 on the tensor cores; fp32 int4 16; int8 in fp32 and bf16 only the one-row kernel's 384.
     16-bit int4 inputs at one row are summed in packed arithmetic (`quant_half2.py`): each lane
     rounds its sum of 4 products to the inputs' dtype four times, errors of random sign, so about
-    one more rounding of the result."""
+    one more rounding of the result (bf16 on a GPU only: the interpreter keeps the fp32 loop)."""
     half = dtype == torch.float16
     if method == "int4":
         largest_term = word_level_offset(dtype) + 15
     else:
         largest_term = 1152 + 127 if half else 384 + 127
     typical_level = 4 if method == "int4" else 36
-    half2 = UNIT_ROUNDOFF[dtype] if method == "int4" and dtype != torch.float32 else 0.0
+    half2 = UNIT_ROUNDOFF[dtype] if method == "int4" and dtype != torch.float32 and rows == 1 else 0.0
     return UNIT_ROUNDOFF[dtype] + half2 + 2.0 ** -23 * math.sqrt(k) * largest_term / typical_level
 
 
@@ -104,9 +104,9 @@ def exactly_summed(method: str, k: int, n: int, dtype: torch.dtype, group_size: 
 def grid_inputs(*shape: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
     """Signed multiples of 1/16 in [-2, 2]: exact in fp16 and bf16, and with the weights above every
     kernel sum (at most 768 inputs x (1152 + 127) x 2, in units of 1/16) stays below 2^24. In bf16 only
-    up to 1/4: the one-row int4 kernel sums 4 products in bf16 itself (`quant_half2.py`), each a
-    multiple of 1/128, and a sum of them up to 4 x 8/8 x 1/4 keeps within bf16's 8 bits."""
-    limit = 4 if dtype == torch.bfloat16 else 32
+    up to 1/2: the one-row int4 kernel sums 4 products in bf16 itself (`quant_half2.py`), each a
+    multiple of 1/128, and a sum of them, at most 4 x 8/8 x 1/2 = 256/128, keeps within bf16's 8 bits."""
+    limit = 8 if dtype == torch.bfloat16 else 32
     return (torch.randint(-limit, limit + 1, shape, generator=generator(seed)) / 16).to(dtype)
 
 
@@ -197,7 +197,7 @@ def test_random_weights_and_inputs_within_rounding(method, dtype):
         x = torch.randn(rows, k, generator=generator(9 + rows)).to(dtype).to(DEVICE)
         ref = reference(x.float(), *as_fp32(weight_args), None if b is None else b.float())
         err = relative_error(kernel(x, *weight_args, b, path=path, split_k=split_k), ref)
-        assert err < tolerance(method, dtype, k), (rows, path, split_k, err)
+        assert err < tolerance(method, dtype, k, rows), (rows, path, split_k, err)
 
 
 @pytest.mark.parametrize("method", ["int8", "int4"])
@@ -275,7 +275,7 @@ def test_gemm_with_several_row_blocks():
     weight_args = to_device(quantized("int8", k, n, torch.float32))
     x = torch.randn(rows, k, generator=generator(5)).to(DEVICE)
     error = relative_error(int8_matmul(x, *weight_args), int8_matmul_ref(x, *weight_args))
-    assert error < tolerance("int8", torch.float32, k)
+    assert error < tolerance("int8", torch.float32, k, rows)
 
 
 @pytest.fixture

@@ -25,11 +25,14 @@ pytestmark = pytest.mark.skipif(not nvdisasm().is_file(), reason="this triton sh
 def costs() -> dict:
     script = textwrap.dedent("""
         import json
+        import torch
         from minillm.kernels.sass import prefill_attention_loop, quant_matmul_costs
         from minillm.kernels.targets import TARGETS
 
         costs = {f"{method} {rows}": [cost.per_byte, dict(cost.mix)]
                  for method, rows, cost in quant_matmul_costs(TARGETS[90])}
+        (_, _, bf16), = quant_matmul_costs(TARGETS[90], (1,), torch.bfloat16, ("int4",))
+        costs["int4 1 bf16"] = [bf16.per_byte, dict(bf16.mix)]
         costs["attention"] = dict(prefill_attention_loop(TARGETS[90])[1])
         print(json.dumps(costs))
     """)
@@ -44,6 +47,8 @@ def test_the_one_row_int4_loop_issues_fast_enough_to_read_at_full_bandwidth(cost
     # them in fp32; the half2 steps of fp16 inputs (quant_half2.py) issue 7.0, 4.8 TB/s at most.
     per_byte, mix = costs["int4 1"]
     assert per_byte < 7.5 and mix.get("HFMA2", 0) >= 80, mix
+    per_byte, mix = costs["int4 1 bf16"]  # 7.5: three shifts where fp16 takes one
+    assert per_byte < 8 and mix.get("HFMA2", 0) >= 80, mix
 
 
 def test_the_tensor_core_int4_loop_reads_words_too(costs):
