@@ -5,8 +5,8 @@ One bitwise operation (PTX `lop3`) turns two nibbles of a word into two numbers:
 and 4 (bits 0-3 and 16-19) and OR-ing a power of two P whose mantissa step is 1 into each half
 gives P + level, exactly, as `quant_tiles.py` explains (fp16 1024, bf16 128). A word's 8 levels
 come as the pairs (0, 4), (1, 5), (2, 6), (3, 7): four such operations and a shift (fp16 takes
-nibbles 1 and 5 four bits higher, as 1024 + 16 level, and needs one shift; bf16's 8-bit mantissa
-does not reach that far, and it takes three). Four packed multiply-adds make the pairs (level - 8)
+nibbles 1 and 5 four bits higher, as 1024 + 16 level, and needs one shift; bf16's 7 mantissa bits
+cannot hold them there, and it takes three). Four packed multiply-adds make the pairs (level - 8)
 / 8, exactly, and four more take their products with the inputs that meet them, packed in the same
 pairs (`half2_pairs`); two more instructions move each lane's sum to fp32 and one adds them: 16
 instructions a word for fp16 (18 for bf16), where the fp32 loop spends 24 on the levels and
