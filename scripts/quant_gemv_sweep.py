@@ -69,7 +69,7 @@ def sweep() -> list[dict]:
     # (split-K 1 and 2, and pipeline stages, which the one-row kernel has none of, were measured once)
     runs += [("int4", 1, "split-K", str(s or "as chosen"), s, None, {}) for s in (4, 8, None)]
     runs += [("int4", 1, "tile", "x".join(map(str, t)), None, t, {})
-             for t in ((64, 128, 4), (64, 128, 2), (32, 128, 1), (128, 128, 8), (256, 128, 8))]
+             for t in ((64, 128, 4), (64, 128, 2), (32, 128, 1), (128, 128, 8), (256, 128, 8), (256, 128, 4))]
     runs += [("int4", 1, "prefetch", "off", s, t, {"PREFETCH": False})
              for s, t in ((None, None), (None, (64, 128, 4)), (1, None))]
     runs += [("int4", 1, "prefetch", "on", s, t, {}) for s, t in ((None, (64, 128, 4)), (1, None))]
