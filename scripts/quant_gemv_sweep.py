@@ -1,11 +1,11 @@
 """What the decode path of the quantized matmuls (`minillm/kernels/quant_gemv.py`) is sensitive to,
 on a CUDA GPU: the same layers as `minillm bench quant`, each launch parameter varied alone around
 the shipped choice (input slices, tile shape and warps, Triton's pipeline stages, the one-row
-kernels' loads issued a tile ahead or not, int4's packed arithmetic or fp32), beside fp16
-F.linear and the device's read-only bandwidth, CUDA-graph timed on copies of the weights as `bench
-quant` times them. For deciding what to change in a kernel before changing it.
+kernels' loads issued a tile ahead or not, int4's packed arithmetic or fp32, fp16 or bf16 inputs),
+beside F.linear and the device's read-only bandwidth, CUDA-graph timed on copies of the weights as
+`bench quant` times them. For deciding what to change in a kernel before changing it.
 
-    python scripts/quant_gemv_sweep.py [OUT.json]     # about 40 s on an H100 (PYTHONPATH=. where
+    python scripts/quant_gemv_sweep.py [OUT.json]     # about 45 s on an H100 (PYTHONPATH=. where
                                                       # minillm is not installed)
 """
 
@@ -41,13 +41,23 @@ class _Forced:
         return lambda *args, **kwargs: self.kernel[grid](*args, **{**kwargs, **self.options})
 
 
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def _kind(kind: str) -> tuple[str, torch.dtype]:
+    """("int4", bf16) of "int4 bf16"; a dtype's name alone is F.linear in it; fp16 where unnamed."""
+    method, _, dtype = kind.partition(" ")
+    return ("dense", DTYPES[method]) if method in DTYPES else (method, DTYPES[dtype or "fp16"])
+
+
 @functools.cache
 def _weights(kind: str, in_features: int, out_features: int) -> tuple[int, list[tuple]]:
     """Bytes of one copy, and enough copies that none is read from L2 (bench/timing.py), made once
     for all the runs."""
-    weight = torch.randn(out_features, in_features, dtype=torch.float16, device="cuda") * in_features ** -0.5
-    args = {"fp16": lambda: (weight,), "int8": lambda: quantize_int8(weight),
-            "int4": lambda: (*quantize_int4(weight, GROUP_SIZE), GROUP_SIZE)}[kind]()
+    method, dtype = _kind(kind)
+    weight = torch.randn(out_features, in_features, dtype=dtype, device="cuda") * in_features ** -0.5
+    args = {"dense": lambda: (weight,), "int8": lambda: quantize_int8(weight),
+            "int4": lambda: (*quantize_int4(weight, GROUP_SIZE), GROUP_SIZE)}[method]()
     nbytes = sum(a.numel() * a.element_size() for a in args if isinstance(a, torch.Tensor))
     return nbytes, [tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args)
                     for _ in range(num_copies(nbytes))]
@@ -55,9 +65,10 @@ def _weights(kind: str, in_features: int, out_features: int) -> tuple[int, list[
 
 def _time(kind: str, shape: tuple[int, int], rows: int, split_k: int | None) -> tuple[float, int]:
     nbytes, copies = _weights(kind, *shape)
-    x = torch.randn(rows, shape[0], dtype=torch.float16, device="cuda")
-    matmul: Callable = {"fp16": F.linear, "int8": int8_matmul, "int4": int4_matmul}[kind]
-    kwargs = {} if kind == "fp16" else {"split_k": split_k}
+    method, dtype = _kind(kind)
+    x = torch.randn(rows, shape[0], dtype=dtype, device="cuda")
+    matmul: Callable = {"dense": F.linear, "int8": int8_matmul, "int4": int4_matmul}[method]
+    kwargs = {} if method == "dense" else {"split_k": split_k}
     return graph_time([functools.partial(matmul, x, *args, **kwargs) for args in copies]), nbytes
 
 
@@ -78,6 +89,9 @@ def sweep() -> list[dict]:
              for label, t, extra in (("", None, {}), (", 64x128x2", (64, 128, 2), {}),
                                      (", prefetch off", None, {"PREFETCH": False}))]
     runs += [("int4", 1, "half2", "on, 64x128x2", None, (64, 128, 2), {})]
+    # bf16 inputs: packed bf16 products (sm_80 and later) against the fp32 loop, beside bf16 F.linear
+    runs += [("bf16", 1, "shipped", "", None, None, {}), ("int4 bf16", 1, "shipped", "", None, None, {}),
+             ("int4 bf16", 1, "half2", "off", None, None, {"HALF2": False})]
     runs += [("int4", 16, "tile", "x".join(map(str, t)) if t else "shipped", None, t, {})
              for t in (None, (64, 128, 4), (128, 128, 8))]
     runs += [("int4", 16, "stages", str(n), None, None, {"num_stages": n}) for n in (1, 2, 4)]
