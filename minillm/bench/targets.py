@@ -66,10 +66,6 @@ def _cost_model_error(payload: dict) -> float | None:
     return abs(best["predicted_speedup"] / best["speedup"] - 1)
 
 
-def _ratio(numerator: float | None, denominator: float) -> float | None:
-    return None if numerator is None else numerator / denominator
-
-
 def _least_int4_speedup(payload: dict) -> float | None:
     rows = [r for r in payload["rows"] if r.get("batch") == 1 and "int4_speedup" in r
             and (r["in_features"], r["out_features"]) != (4096, 4096)]
@@ -143,8 +139,8 @@ def evaluate(results: Results) -> list[dict]:
         payload = results.get(target.source)
         value = target.figure(payload) if payload is not None else None
         if target.over is not None:
-            baseline = results.get(target.over)
-            value = None if baseline is None or not value else _ratio(target.figure(baseline), value)
+            baseline = target.figure(results[target.over]) if target.over in results else None
+            value = baseline / value if baseline is not None and value else None
         table.append({"target": target.what, "figure": value, "threshold": ("<= " if target.at_most else ">= ")
                       + f"{target.threshold:g}", "verdict": target.verdict(value),
                       "source": f"{target.source}.json" + (f" over {target.over}.json" if target.over else "")})
