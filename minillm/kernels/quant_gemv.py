@@ -12,9 +12,9 @@ each thread sums its own products, and the rows are reduced across threads once,
 
 At batch 1 such a kernel can be bound by the instructions it issues: an H100 issues about 33 T
 lane-instructions a second, so reading 2.4 TB/s leaves at most about 14 instructions a byte.
-`python -m minillm.kernels.sass` counts the loops' from their machine code: 7.0 for int4's one
-row with fp16 inputs (packed; 9.6 in fp32, 10.3 under triton 3.6, the H100's in BENCHMARKS.md) and
-8.7 for its 2 to 16, against 13.8 and 14.7 before they read words. That count is a ceiling: these
+`python -m minillm.kernels.sass` counts the loops' from their machine code: 6.6 for int4's one
+row with fp16 inputs (packed, under triton 3.9 and 3.6, the H100's in BENCHMARKS.md; 9.1 in fp32)
+and 8.7 for its 2 to 16, against 13.8 and 14.7 before they read words. That count is a ceiling: these
 kernels still read at about half of an H100's bandwidth, so what keeps bytes in flight matters too.
 
 Split-K is one launch: the last slice of each output block to finish adds the slices' partial sums
@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from minillm.kernels.quant_half2 import LEVEL_OFFSET, LEVEL_UNIT, half2_pairs, packs, runs_ptx, word_dots_half2
+from minillm.kernels.quant_half2 import LEVEL_UNIT, half2_pairs, input_pairs, packs, runs_ptx, word_dots_half2
 from minillm.kernels.quant_tiles import (
     dot_level_offset,
     dot_tile,
@@ -97,17 +97,19 @@ def _gemv_kernel(x_ptr, w_ptr, scales_ptr, zeros_ptr, bias_ptr, out_ptr, partial
 
 @triton.jit
 def _int4_row_tile(w_ptr, x_ptr, scales_ptr, zeros_ptr, rows, offs_n, mask_n, offs_j, k0, stride_sn,
-              GROUP_SIZE: tl.constexpr, BLOCK_K: tl.constexpr, HALF2: tl.constexpr):
-    """The int4 one-row kernel's loads for the tile at input k0: its int32 words, its inputs (fp16
-    for HALF2, else fp32), and its rows' scale and zero point (fp32)."""
+                   GROUP_SIZE: tl.constexpr, BLOCK_K: tl.constexpr, HALF2: tl.constexpr):
+    """The int4 one-row kernel's loads for the tile at input k0: its int32 words, its inputs and its
+    rows' scales and zero points. HALF2: the inputs as `input_pairs`, each row's scale and zero point
+    as one `half2_pairs`; else the inputs, scales and zero points in fp32."""
     w = tl.load(w_ptr + rows + (k0 // 8 + offs_j)[None, :], mask=mask_n[:, None], other=0)
-    x = tl.load(x_ptr + k0 + tl.arange(0, BLOCK_K))
-    if not HALF2:
-        x = x.to(tl.float32)
     group = k0 // GROUP_SIZE
-    scale = tl.load(scales_ptr + offs_n * stride_sn + group, mask=mask_n, other=0.0).to(tl.float32)
-    zero = tl.load(zeros_ptr + offs_n * stride_sn + group, mask=mask_n, other=0.0).to(tl.float32)
-    return w, x, scale, zero
+    scale = tl.load(scales_ptr + offs_n * stride_sn + group, mask=mask_n, other=0.0)
+    zero = tl.load(zeros_ptr + offs_n * stride_sn + group, mask=mask_n, other=0.0)
+    if HALF2:
+        return w, input_pairs(x_ptr, k0, offs_j), half2_pairs(scale, zero)
+    else:
+        return w, tl.load(x_ptr + k0 + tl.arange(0, BLOCK_K)).to(tl.float32), (scale.to(tl.float32),
+                                                                                zero.to(tl.float32))
 
 
 @triton.jit
@@ -153,35 +155,30 @@ def _gemv_row_kernel(x_ptr, w_ptr, scales_ptr, zeros_ptr, bias_ptr, out_ptr, par
         offs_j = tl.arange(0, WORDS)
         acc2 = tl.zeros([BLOCK_N, WORDS], tl.float32)
         if PREFETCH:
-            w, x, scale, zero = _int4_row_tile(w_ptr, x_ptr, scales_ptr, zeros_ptr, rows, offs_n, mask_n, offs_j,
-                                               start, stride_sn, GROUP_SIZE, BLOCK_K, HALF2)
+            w, x, group = _int4_row_tile(w_ptr, x_ptr, scales_ptr, zeros_ptr, rows, offs_n, mask_n, offs_j, start,
+                                         stride_sn, GROUP_SIZE, BLOCK_K, HALF2)
         for k0 in range(start, end, BLOCK_K):
             if PREFETCH:  # the last tile loads itself again, from cache (masked loads: 20 more instructions)
-                ahead = tl.minimum(k0 + BLOCK_K, end - BLOCK_K)
-                w_next, x_next, scale_next, zero_next = _int4_row_tile(w_ptr, x_ptr, scales_ptr, zeros_ptr, rows,
-                                                                       offs_n, mask_n, offs_j, ahead, stride_sn,
-                                                                       GROUP_SIZE, BLOCK_K, HALF2)
+                ahead = tl.multiple_of(tl.minimum(k0 + BLOCK_K, end - BLOCK_K), BLOCK_K)
+                w_next, x_next, group_next = _int4_row_tile(w_ptr, x_ptr, scales_ptr, zeros_ptr, rows, offs_n, mask_n,
+                                                            offs_j, ahead, stride_sn, GROUP_SIZE, BLOCK_K, HALF2)
             else:
-                w, x, scale, zero = _int4_row_tile(w_ptr, x_ptr, scales_ptr, zeros_ptr, rows, offs_n, mask_n, offs_j,
-                                                   k0, stride_sn, GROUP_SIZE, BLOCK_K, HALF2)
-            planes = nibble_inputs(x, WORDS)
+                w, x, group = _int4_row_tile(w_ptr, x_ptr, scales_ptr, zeros_ptr, rows, offs_n, mask_n, offs_j, k0,
+                                             stride_sn, GROUP_SIZE, BLOCK_K, HALF2)
             if HALF2:  # the four input pairs serve every row of the thread's share of the tile
-                sums = word_dots_half2(w, half2_pairs(planes[0], planes[4])[None, :],
-                                       half2_pairs(planes[1], planes[5])[None, :],
-                                       half2_pairs(planes[2], planes[6])[None, :],
-                                       half2_pairs(planes[3], planes[7])[None, :],
-                                       x_ptr.dtype.element_ty == tl.bfloat16, ASM)
-                offset, unit = LEVEL_OFFSET, LEVEL_UNIT
+                acc2 = word_dots_half2(w, x[0][None, :], x[1][None, :], x[2][None, :], x[3][None, :], group[:, None],
+                                       acc2, x_ptr.dtype.element_ty == tl.bfloat16, ASM)
             else:
+                planes = nibble_inputs(x, WORDS)
                 sums = tl.zeros([BLOCK_N, WORDS], tl.float32)
                 for i in tl.static_range(8):
                     sums += word_level(w, i) * planes[i][None, :]
-                offset, unit = 16, 1.0
-            x_sums = tl.sum(tl.reshape(x.to(tl.float32), [WORDS, 8]), 1) * unit
-            acc2 += (sums - (zero + offset)[:, None] * x_sums[None, :]) * (scale / unit)[:, None]
+                x_sums = tl.sum(tl.reshape(x, [WORDS, 8]), 1)
+                scale, zero = group
+                acc2 += (sums - (zero + 16)[:, None] * x_sums[None, :]) * scale[:, None]
             if PREFETCH:
-                w, x, scale, zero = w_next, x_next, scale_next, zero_next
-        acc = tl.sum(acc2, 1)[None, :]
+                w, x, group = w_next, x_next, group_next
+        acc = tl.sum(acc2, 1)[None, :] * (1 / LEVEL_UNIT if HALF2 else 1.0)
     else:
         # int8: one scale per row, applied when the rows are stored, so products are summed
         # elementwise over the whole slice and reduced across threads once, at the end. A level q
@@ -212,9 +209,9 @@ def gemv_tiles(target: GPUSpec | None, rows: int, int4: bool, group_size: int,
     in one int4 group. The one-row kernel holds its tiles in registers: int8's sizes are the fastest
     of a sweep on an H100 (BENCHMARKS.md); int4's give each thread 4 rows of 4 words, so that the
     inputs it converts serve 4 rows: in fp32, 8.98 instructions a byte on sm_90 in 96 registers,
-    9.56 in 128 with its loads a tile ahead (`python -m minillm.kernels.sass`), where 8 rows on 2
+    9.12 in 128 with its loads a tile ahead (`python -m minillm.kernels.sass`), where 8 rows on 2
     warps issue 8.38 but take 255 registers, which leaves room for 8 warps an SM to wait on memory;
-    packed (fp16 inputs), 7.02 in 128.
+    packed (fp16 inputs), 6.59 in 128.
     The tl.dot kernel stages x's rows and the weight tile in shared memory for the tensor cores, and
     takes narrower tiles where a GPU has too little of it."""
     block_k = min(128, group_size) if int4 else (128 if rows > 1 else 256)
@@ -287,10 +284,11 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor, zeros_arg:
     words = int4 and (rows == 1 or block_k >= 128)
     packed = weight.view(torch.int32) if words else weight
     if rows == 1:
+        # The packed step reads the inputs two at a time, as int32: a row at an odd element keeps fp32.
         _gemv_row_kernel[(n_blocks, splits)](
             x, packed, scales, zeros_arg, bias_arg, out, partial, counters, out_features, in_features,
             tiles_per_split, splits, packed.stride(0), stride_sn, partial.stride(0),
-            HALF2=int4 and packs(x.dtype, target), ASM=runs_ptx(target), **common)
+            HALF2=int4 and packs(x.dtype, target) and x.data_ptr() % 4 == 0, ASM=runs_ptx(target), **common)
     else:
         offset = word_level_offset(x.dtype) if words else dot_level_offset(int4, x.dtype)
         _gemv_kernel[(n_blocks, splits, m_blocks)](

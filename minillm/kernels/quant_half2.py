@@ -6,21 +6,25 @@ and 4 (bits 0-3 and 16-19) and OR-ing a power of two P whose mantissa step is 1 
 gives P + level, exactly, as `quant_tiles.py` explains (fp16 1024, bf16 128). A word's 8 levels
 come as the pairs (0, 4), (1, 5), (2, 6), (3, 7): four such operations and a shift (fp16 takes
 nibbles 1 and 5 four bits higher, as 1024 + 16 level, and needs one shift; bf16's 7 mantissa bits
-cannot hold them there, and it takes three). Four packed multiply-adds make the pairs (level - 8)
-/ 8, exactly, and four more take their products with the inputs that meet them, packed in the same
-pairs (`half2_pairs`); two more instructions move each lane's sum to fp32 and one adds them: 16
-instructions a word for fp16 (18 for bf16), where the fp32 loop spends 24 on the levels and
-products alone (`kernels/sass.py` counts whole loops: 7.0 against 9.6 a byte on sm_90).
+cannot hold them there, and it takes three). Four packed multiply-adds make the pairs
+(level - zero) / 16, exactly: the group's zero point goes into the constant each multiply-add adds,
+-(P / 16 + zero / 16), made once per row from the zero point (an integer, 0 to 15) by one more
+packed multiply-add. Four more take the products with the inputs that meet them, which the kernel
+loads as int32 pairs of the same shape (`input_pairs`); two instructions move each lane's sum to
+fp32, one adds them, and one multiply-add applies the group's scale and adds the result to the
+thread's sum: 17 instructions a word for fp16 (19 for bf16), and nothing per group or per input
+outside the step. `kernels/sass.py` counts whole loops.
 
-Why (level - 8) / 8 and not P + level, as the fp32 loop keeps: a 16-bit product keeps 11 (fp16)
-or 8 (bf16) bits, which (P + level) x would spend on P. Centred and scaled levels also keep the fp16
-sums small: a product is at most |x|, and a lane adds 4 of them before its sum moves to fp32, so it
-cannot overflow while every input is below 16,376 in size, and can only once four inputs of one lane
-add up past 65,504 (bf16 has fp32's range). The 1/8 comes free, in the constants of the
-multiply-adds that centre the levels, and goes back in the scale. The price is precision: each
-product and partial sum rounds to the inputs' dtype (2^-11 for fp16, 2^-8 for bf16) where the fp32
-loop keeps 24 bits; that is about one more rounding of the result, which is itself rounded to the
-inputs' dtype.
+Why (level - zero) / 16 and not P + level, as the fp32 loop keeps: a 16-bit product keeps 11 (fp16)
+or 8 (bf16) bits, which (P + level) x would spend on P, and with the zero point subtracted before
+the products no sum of inputs has to be taken apart from them and subtracted after. The 1/16 keeps
+the fp16 sums small: a product is at most 15/16 |x|, and a lane adds 4 of them before its sum moves
+to fp32, so it cannot overflow while every input is below 17,467 in size, and can only once four
+inputs of one lane add up past 69,871 (bf16 has fp32's range). It comes free, in the constants of
+the multiply-adds that centre the levels, and the kernel multiplies its sums by 16 once, at the end.
+The price is precision: each product and partial sum rounds to the inputs' dtype (2^-11 for fp16,
+2^-8 for bf16) where the fp32 loop keeps 24 bits; that is about one more rounding of the result,
+which is itself rounded to the inputs' dtype.
 
 Triton has no packed arithmetic of its own (it compiles 16-bit operations one number at a time), so
 on a GPU the step is inline PTX: fp16 from sm_53, bf16 (`fma.rn.bf16x2`) from sm_80, the first GPUs
@@ -45,11 +49,12 @@ _LOW_NIBBLES = tl.constexpr(0x000F000F)  # nibbles 0 and 4 of a word (bits 0-3, 
 _HIGH_NIBBLES = tl.constexpr(0x00F000F0)  # nibbles 1 and 5 (bits 4-7, 20-23)
 _FP16_MAGIC = tl.constexpr(0x64006400)  # fp16 1024.0 in both halves
 _BF16_MAGIC = 0x43004300  # bf16 128.0 in both halves
-# (level - 8) / 8, in one multiply-add each: fp16 from 1024 + level and from 1024 + 16 level, bf16
-# from 128 + level.
-_EIGHTH, _MINUS_129 = 0x3000, 0xD808  # fp16 1/8 and -129: (1024 + level) / 8 - 129
-_128TH, _MINUS_9 = 0x2000, 0xC880  # fp16 1/128 and -9: (1024 + 16 level) / 128 - 9
-_BF16_EIGHTH, _BF16_MINUS_17, _BF16_MINUS_0 = 0x3E00, 0xC188, 0x8000  # (128 + level) / 8 - 17; -0 adds nothing
+# (level - zero) / 16 in one multiply-add each: fp16 (1024 + level) / 16 - (64 + zero / 16) and
+# (1024 + 16 level) / 256 - (4 + zero / 16); bf16 (128 + level) / 16 - (8 + zero / 16). The
+# constants subtracted are themselves one multiply-add of the zero point: zero * -1/16 - 64 (- 4, - 8).
+_SIXTEENTH, _256TH, _MINUS_SIXTEENTH, _MINUS_64, _MINUS_4 = 0x2C00, 0x1C00, 0xAC00, 0xD400, 0xC400  # fp16
+_BF16_SIXTEENTH, _BF16_MINUS_SIXTEENTH, _BF16_MINUS_8, _BF16_MINUS_0 = 0x3D80, 0xBD80, 0xC100, 0x8000
+LEVEL_UNIT = tl.constexpr(0.0625)  # the step's levels are (level - zero) * LEVEL_UNIT
 
 
 def fp16_value(bits: int) -> float:
@@ -57,8 +62,8 @@ def fp16_value(bits: int) -> float:
 
 
 # The interpreter's steps take the PTX's constants, read back as numbers.
-_LOW_MUL, _LOW_ADD = tl.constexpr(fp16_value(_EIGHTH)), tl.constexpr(fp16_value(_MINUS_129))
-_HIGH_MUL, _HIGH_ADD = tl.constexpr(fp16_value(_128TH)), tl.constexpr(fp16_value(_MINUS_9))
+_LOW_MUL, _LOW_CENTRE = tl.constexpr(fp16_value(_SIXTEENTH)), tl.constexpr(-fp16_value(_MINUS_64))
+_HIGH_MUL, _HIGH_CENTRE = tl.constexpr(fp16_value(_256TH)), tl.constexpr(-fp16_value(_MINUS_4))
 
 
 def _pair(bits: int) -> str:
@@ -69,16 +74,25 @@ def _hex(word) -> str:
     return f"0x{getattr(word, 'value', word):08X}"
 
 
-# lop3's truth table 0xEA is (a & b) | c. Without a rounding mode, ptxas may fuse a multiply and an
-# add into one multiply-add; .rn keeps every step as written (and as the interpreter runs it).
+# Operands: $1 the word, $2-$5 the input pairs, $6 the group's scale (low half) and zero point (high
+# half), $7 the sum so far; $0 the sum after. lop3's truth table 0xEA is (a & b) | c: the zero point
+# in both halves, and the masked nibbles OR the magic number. Without a rounding mode, ptxas may fuse
+# a multiply and an add into one multiply-add; .rn keeps every step as written (and as the
+# interpreter runs it). Per row, the first 5 instructions and the scale's conversion are the same for
+# every word, and ptxas computes them once.
 _FP16_PTX = tl.constexpr(f"""{{
-.reg .b32 t0, t1, t2, t3, s, a, c0, c1, c2, c3;
+.reg .b32 t0, t1, t2, t3, s, a, z, c0, c1, c2, c3, m;
 .reg .f16 h0, h1;
 .reg .f32 f0, f1;
-mov.b32 c0, {_pair(_EIGHTH)};
-mov.b32 c1, {_pair(_MINUS_129)};
-mov.b32 c2, {_pair(_128TH)};
-mov.b32 c3, {_pair(_MINUS_9)};
+shr.b32 s, $6, 16;
+lop3.b32 z, $6, 0xFFFF0000, s, 0xEA;
+mov.b32 m, {_pair(_MINUS_SIXTEENTH)};
+mov.b32 c1, {_pair(_MINUS_64)};
+mov.b32 c3, {_pair(_MINUS_4)};
+fma.rn.f16x2 c1, z, m, c1;
+fma.rn.f16x2 c3, z, m, c3;
+mov.b32 c0, {_pair(_SIXTEENTH)};
+mov.b32 c2, {_pair(_256TH)};
 lop3.b32 t0, $1, {_hex(_LOW_NIBBLES)}, {_hex(_FP16_MAGIC)}, 0xEA;
 lop3.b32 t1, $1, {_hex(_HIGH_NIBBLES)}, {_hex(_FP16_MAGIC)}, 0xEA;
 shr.b32 s, $1, 8;
@@ -95,16 +109,23 @@ fma.rn.f16x2 a, t3, $5, a;
 mov.b32 {{h0, h1}}, a;
 cvt.f32.f16 f0, h0;
 cvt.f32.f16 f1, h1;
-add.rn.f32 $0, f0, f1;
+add.rn.f32 f0, f0, f1;
+mov.b32 {{h0, h1}}, $6;
+cvt.f32.f16 f1, h0;
+fma.rn.f32 $0, f0, f1, $7;
 }}""")
 
 # bf16: a lane's bits moved to the top of an fp32 are that number (bf16 is fp32's top half);
 # sm_80 has fma.rn.bf16x2 but no packed bf16 multiply, so the first product adds -0.
 _BF16_PTX = tl.constexpr(f"""{{
-.reg .b32 t0, t1, t2, t3, s, a, c0, c1, c2;
+.reg .b32 t0, t1, t2, t3, s, a, z, c0, c1, c2;
 .reg .f32 f0, f1;
-mov.b32 c0, {_pair(_BF16_EIGHTH)};
-mov.b32 c1, {_pair(_BF16_MINUS_17)};
+shr.b32 s, $6, 16;
+lop3.b32 z, $6, 0xFFFF0000, s, 0xEA;
+mov.b32 c0, {_pair(_BF16_MINUS_SIXTEENTH)};
+mov.b32 c1, {_pair(_BF16_MINUS_8)};
+fma.rn.bf16x2 c1, z, c0, c1;
+mov.b32 c0, {_pair(_BF16_SIXTEENTH)};
 mov.b32 c2, {_pair(_BF16_MINUS_0)};
 lop3.b32 t0, $1, {_hex(_LOW_NIBBLES)}, {_hex(_BF16_MAGIC)}, 0xEA;
 shr.b32 s, $1, 4;
@@ -125,13 +146,11 @@ shl.b32 s, a, 16;
 mov.b32 f0, s;
 and.b32 s, a, 0xFFFF0000;
 mov.b32 f1, s;
-add.rn.f32 $0, f0, f1;
+add.rn.f32 f0, f0, f1;
+shl.b32 s, $6, 16;
+mov.b32 f1, s;
+fma.rn.f32 $0, f0, f1, $7;
 }}""")
-
-# Each level here is (level + LEVEL_OFFSET) * LEVEL_UNIT: the offset folds into the sum as in
-# `quant_tiles.py`, and the unit into the scale.
-LEVEL_OFFSET = tl.constexpr(-8)
-LEVEL_UNIT = tl.constexpr(0.125)
 
 
 def runs_ptx(target: GPUSpec | None) -> bool:
@@ -157,6 +176,18 @@ def half2_pairs(low, high):
 
 
 @triton.jit
+def input_pairs(x_ptr, k0, offs_j):
+    """The 16-bit inputs k0 + 8j .. k0 + 8j + 7 of words j = offs_j as the four int32 pairs that meet
+    nibbles (0, 4), (1, 5), (2, 6), (3, 7), read as int32 (two inputs each) in offs_j's own layout,
+    so that no thread waits for another's inputs. Each pair takes one byte permute on a GPU."""
+    base = x_ptr.to(tl.pointer_type(tl.int32)) + k0 // 2 + 4 * offs_j
+    x01, x23, x45, x67 = tl.load(base), tl.load(base + 1), tl.load(base + 2), tl.load(base + 3)
+    high = -65536  # 0xFFFF0000 as an int32
+    return ((x01 & 0xFFFF) | (x45 << 16), ((x01 >> 16) & 0xFFFF) | (x45 & high),
+            (x23 & 0xFFFF) | (x67 << 16), ((x23 >> 16) & 0xFFFF) | (x67 & high))
+
+
+@triton.jit
 def _halves(pairs):
     """The inverse of `half2_pairs` for fp16, in fp32."""
     low = (pairs & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True)
@@ -175,33 +206,37 @@ def _multiply_add(levels, pairs, sums):
 
 
 @triton.jit
-def _centred_levels(words, MASK: tl.constexpr):
-    """The interpreter's lop3 and level fix-up for fp16: two nibbles per word as (level - 8) / 8 in
-    both halves of an int32 (fp16 bits), through 1024 + level or 1024 + 16 level as on the GPU."""
+def _centred_levels(words, zero, MASK: tl.constexpr):
+    """The interpreter's lop3 and level fix-up for fp16: two nibbles per word as (level - zero) / 16
+    in both halves of an int32 (fp16 bits), through 1024 + level or 1024 + 16 level as on the GPU,
+    and a centre rounded to fp16 as the PTX makes it."""
     magic = _halves((words & MASK) | _FP16_MAGIC)
     if MASK == _LOW_NIBBLES:
-        low, high = magic[0] * _LOW_MUL + _LOW_ADD, magic[1] * _LOW_MUL + _LOW_ADD
+        mul, centre = _LOW_MUL, (zero * 0.0625 + _LOW_CENTRE).to(tl.float16).to(tl.float32)
     else:
-        low, high = magic[0] * _HIGH_MUL + _HIGH_ADD, magic[1] * _HIGH_MUL + _HIGH_ADD
-    return half2_pairs(low.to(tl.float16), high.to(tl.float16))
+        mul, centre = _HIGH_MUL, (zero * 0.0625 + _HIGH_CENTRE).to(tl.float16).to(tl.float32)
+    return half2_pairs((magic[0] * mul - centre).to(tl.float16), (magic[1] * mul - centre).to(tl.float16))
 
 
 @triton.jit
-def word_dots_half2(words, x0, x1, x2, x3, BF16: tl.constexpr, ASM: tl.constexpr):
-    """For each int32 word of 8 levels, sum_i (level_i - 8) / 8 x_i in fp32, where x0 .. x3 are
-    `half2_pairs` of the inputs (fp16, or bf16 where BF16) that meet nibbles (0, 4), (1, 5), (2, 6)
-    and (3, 7): each lane sums its 4 products in the inputs' dtype, and the two lanes are added in
-    fp32. ASM: the PTX (`runs_ptx`); otherwise the same fp16 steps in Triton operations."""
+def word_dots_half2(words, x0, x1, x2, x3, scale_zero, acc, BF16: tl.constexpr, ASM: tl.constexpr):
+    """acc + s * sum_i (level_i - z) / 16 x_i in fp32 for each int32 word of 8 levels, where x0 .. x3
+    are the inputs (fp16, or bf16 where BF16) that meet nibbles (0, 4), (1, 5), (2, 6) and (3, 7) as
+    `input_pairs` reads them, and scale_zero holds the group's scale s and zero point z, `half2_pairs`
+    (s, z): each lane sums its 4 products in the inputs' dtype, and the two lanes are added in fp32.
+    ASM: the PTX (`runs_ptx`); otherwise the same fp16 steps in Triton operations."""
     if ASM:
-        return tl.inline_asm_elementwise(_BF16_PTX if BF16 else _FP16_PTX, "=r,r,r,r,r,r",
-                                         [words, x0, x1, x2, x3], dtype=tl.float32, is_pure=True, pack=1)
+        return tl.inline_asm_elementwise(_BF16_PTX if BF16 else _FP16_PTX, "=r,r,r,r,r,r,r,r",
+                                         [words, x0, x1, x2, x3, scale_zero, acc], dtype=tl.float32,
+                                         is_pure=True, pack=1)
     else:
         tl.static_assert(not BF16, "bf16 takes the packed step where its PTX runs only (`packs`)")
+        scale, zero = _halves(scale_zero)
         shifted = words >> 8
-        l0, l1 = _halves(_centred_levels(words, _LOW_NIBBLES))
+        l0, l1 = _halves(_centred_levels(words, zero, _LOW_NIBBLES))
         p0, p1 = _halves(x0)
         sums = (l0 * p0).to(tl.float16).to(tl.float32), (l1 * p1).to(tl.float16).to(tl.float32)
-        sums = _multiply_add(_centred_levels(words, _HIGH_NIBBLES), x1, sums)
-        sums = _multiply_add(_centred_levels(shifted, _LOW_NIBBLES), x2, sums)
-        sums = _multiply_add(_centred_levels(shifted, _HIGH_NIBBLES), x3, sums)
-        return sums[0] + sums[1]
+        sums = _multiply_add(_centred_levels(words, zero, _HIGH_NIBBLES), x1, sums)
+        sums = _multiply_add(_centred_levels(shifted, zero, _LOW_NIBBLES), x2, sums)
+        sums = _multiply_add(_centred_levels(shifted, zero, _HIGH_NIBBLES), x3, sums)
+        return acc + scale * (sums[0] + sums[1])

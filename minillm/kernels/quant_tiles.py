@@ -21,8 +21,8 @@ result, so it needs exact products and fp32 sums, and a small P where the inputs
 - the plain ALUs (one row): fp16 products would keep only the few bits of the level beside P, and
   fp16 sums overflow on large activations, so products and sums are fp32, with P = 16 (int4) or 256
   (int8) at the top of the mantissa; except for int4 with 16-bit inputs, whose levels are made
-  (level - 8) / 8 first, exactly, and then multiplied and summed 4 at a time in packed fp16 or bf16
-  (`quant_half2.py`): the offset carried is -8, and the 1/8 goes back in the scale.
+  (level - zero) / 16 first, exactly, and then multiplied and summed 4 at a time in packed fp16 or
+  bf16 (`quant_half2.py`): they carry no offset, and no sum of inputs is needed.
 
 Why int4 is read as words on the decode path. Unpacking the bytes one at a time, with the two
 nibbles of each interleaved back into input order, costs more instructions per weight byte than an

@@ -23,9 +23,8 @@ import triton.language as tl  # noqa: E402
 from minillm.kernels.quant_half2 import (  # noqa: E402
     _BF16_PTX,
     _FP16_PTX,
-    LEVEL_OFFSET,
     LEVEL_UNIT,
-    half2_pairs,
+    input_pairs,
     packs,
     runs_ptx,
     word_dots_half2,
@@ -67,8 +66,9 @@ def _lanes(kind: str, op, *operands: int) -> int:
     return _pack(*(write(op(*lane)) for lane in lanes))
 
 
-def run_ptx(ptx: str, inputs: list[int]) -> float:
-    """The value of $0 after `ptx`, with $1, $2, ... holding `inputs` (32-bit registers)."""
+def run_ptx(ptx: str, inputs: list[int | float]) -> float:
+    """The value of $0 after `ptx`, with $1, $2, ... holding `inputs` (32-bit registers: bits, or
+    the number an fp32 register holds)."""
     regs: dict[str, object] = {f"${i + 1}": v for i, v in enumerate(inputs)}
     floats = set()  # registers declared .f32: a .b32 moved into one is read as fp32 bits
 
@@ -83,7 +83,7 @@ def run_ptx(ptx: str, inputs: list[int]) -> float:
             continue
         opcode, rest = line.split(None, 1)
         if opcode == "mov.b32" and rest.startswith("{"):  # unpack a register into its two fp16 halves
-            low, high, source = re.match(r"\{(\w+), (\w+)\}, (\w+)", rest).groups()
+            low, high, source = re.match(r"\{(\w+), (\w+)\}, (\$?\w+)", rest).groups()
             regs[low], regs[high] = _fp16(value(source) & 0xFFFF), _fp16(value(source) >> 16)
             continue
         dest, *args = [a.strip() for a in rest.split(",")]
@@ -109,6 +109,8 @@ def run_ptx(ptx: str, inputs: list[int]) -> float:
             result = float(value(args[0]))
         elif opcode == "add.rn.f32":
             result = float(np.float32(value(args[0]) + value(args[1])))
+        elif opcode == "fma.rn.f32":  # the product of two fp32 numbers is exact in float64
+            result = float(np.float32(value(args[0]) * value(args[1]) + value(args[2])))
         else:
             raise AssertionError(f"the evaluator does not know {opcode}")
         regs[dest] = result
@@ -116,59 +118,74 @@ def run_ptx(ptx: str, inputs: list[int]) -> float:
 
 
 @triton.jit
-def _interpreter_steps(words_ptr, x_ptr, out_ptr, N: tl.constexpr):
+def _interpreter_steps(words_ptr, x_ptr, scale_zero_ptr, acc_ptr, out_ptr, N: tl.constexpr):
     offs = tl.arange(0, N)
-    words = tl.load(words_ptr + offs)
-    x = [half2_pairs(tl.load(x_ptr + offs * 8 + i), tl.load(x_ptr + offs * 8 + i + 4)) for i in tl.static_range(4)]
-    tl.store(out_ptr + offs, word_dots_half2(words, x[0], x[1], x[2], x[3], False, False))
+    x = input_pairs(x_ptr, 0, offs)
+    tl.store(out_ptr + offs, word_dots_half2(tl.load(words_ptr + offs), x[0], x[1], x[2], x[3],
+                                             tl.load(scale_zero_ptr + offs), tl.load(acc_ptr + offs), False, False))
 
 
 @pytest.fixture(scope="module")
-def cases() -> tuple[np.ndarray, np.ndarray]:
-    """Words of every bit pattern (the sign bit too) and signed inputs of several magnitudes, up to
+def cases() -> dict[str, np.ndarray]:
+    """Words of every bit pattern (the sign bit too); signed inputs of several magnitudes, up to
     thousands, where a lane's fp16 sum of 4 products would overflow if the levels were not scaled by
-    1/8 (as fp32, exact in fp16 and bf16 alike: rounded to fp16, then to bf16's 8 bits)."""
+    1/16 (as fp32, exact in fp16 and bf16 alike: rounded to fp16, then to bf16's 8 bits); every zero
+    point; scales that are powers of two, so that the scale's product is exact and the step's only
+    fp32 rounding is the sum's (the PTX's fused multiply-add and the interpreter's multiply and add
+    then agree bit for bit); and signed sums so far."""
     rng = np.random.default_rng(0)
     words = rng.integers(-2 ** 31, 2 ** 31, 64, dtype=np.int64).astype(np.int32)
     words[:4] = [0, -1, 0x76543210, -0x789ABCDF]
     x = (rng.standard_normal((64, 8)) * rng.choice([0.01, 1.0, 30.0, 4000.0], (64, 1))).astype(np.float16)
-    return words, torch.from_numpy(x).bfloat16().float().numpy()
+    return {"words": words, "x": torch.from_numpy(x).bfloat16().float().numpy(),
+            "zero": np.arange(64) % 16, "scale": 2.0 ** rng.integers(-3, 4, 64),
+            "acc": rng.standard_normal(64).astype(np.float32) * rng.choice([0.0, 1.0, 1000.0], 64)}
 
 
-def _inputs(word, x_row: np.ndarray, to_bits) -> list[int]:
-    """The PTX's operands: the word, then the inputs of nibbles (i, i + 4) packed as `half2_pairs` does."""
-    return [int(word) & 0xFFFFFFFF] + [_pack(to_bits(float(x_row[i])), to_bits(float(x_row[i + 4])))
-                                       for i in range(4)]
+def _inputs(case: dict, j: int, to_bits) -> list[int]:
+    """The PTX's operands for case j: the word, the inputs of nibbles (i, i + 4) packed as
+    `input_pairs` makes them, the scale and zero point, and the sum so far (an fp32 register, which
+    the evaluator holds as its number)."""
+    x = case["x"][j]
+    return ([int(case["words"][j]) & 0xFFFFFFFF] + [_pack(to_bits(float(x[i])), to_bits(float(x[i + 4])))
+                                                     for i in range(4)]
+            + [_pack(to_bits(float(case["scale"][j])), to_bits(float(case["zero"][j])))]
+            + [float(case["acc"][j])])
 
 
 def test_the_fp16_ptx_computes_what_the_interpreter_runs_bit_for_bit(cases):
-    words, x = cases
-    out = torch.empty(len(words))
-    _interpreter_steps[(1,)](torch.from_numpy(words), torch.from_numpy(x.reshape(-1)).half(), out, N=len(words))
-    for j, word in enumerate(words):
-        assert run_ptx(_FP16_PTX.value, _inputs(word, x[j], _to_fp16)) == out[j].item(), j
+    scale_zero = torch.from_numpy(np.stack([cases["scale"], cases["zero"]], 1)).half().view(torch.int32).reshape(-1)
+    out = torch.empty(64)
+    _interpreter_steps[(1,)](torch.from_numpy(cases["words"]), torch.from_numpy(cases["x"].reshape(-1)).half(),
+                             scale_zero, torch.from_numpy(cases["acc"]), out, N=64)
+    for j in range(64):
+        assert run_ptx(_FP16_PTX.value, _inputs(cases, j, _to_fp16)) == out[j].item(), j
 
 
 @pytest.mark.parametrize("dtype", ["f16x2", "bf16x2"])
-def test_the_ptx_sums_each_centred_level_times_its_input_over_a_word(cases, dtype):
-    words, x = cases
+def test_the_ptx_sums_each_level_less_the_zero_point_times_its_input_over_a_word(cases, dtype):
     ptx, unit_roundoff = {"f16x2": (_FP16_PTX, 2.0 ** -11), "bf16x2": (_BF16_PTX, 2.0 ** -8)}[dtype]
-    for j, word in enumerate(words):
+    for j, word in enumerate(cases["words"]):
         levels = [(int(word) & 0xFFFFFFFF) >> (4 * i) & 0xF for i in range(8)]
-        exact = sum((level + LEVEL_OFFSET.value) * LEVEL_UNIT.value * float(x[j, i]) for i, level in enumerate(levels))
-        # two lanes of 4 roundings each, each at most a unit roundoff of a partial sum of at most 4 |x|
-        bound = 8 * unit_roundoff * 4 * np.abs(x[j]).max()
-        assert abs(run_ptx(ptx.value, _inputs(word, x[j], FORMATS[dtype][1])) - exact) <= bound, (j, levels)
+        x, scale, acc = cases["x"][j], cases["scale"][j], cases["acc"][j]
+        exact = acc + scale * sum((level - cases["zero"][j]) * LEVEL_UNIT.value * float(x[i])
+                                  for i, level in enumerate(levels))
+        # two lanes of 4 roundings each, each at most a unit roundoff of a partial sum of at most
+        # 4 x 15/16 |x|, then the fp32 sum's
+        bound = scale * 8 * unit_roundoff * 4 * np.abs(x).max() + 2.0 ** -23 * (abs(exact) + abs(acc))
+        assert abs(run_ptx(ptx.value, _inputs(cases, j, FORMATS[dtype][1])) - exact) <= bound, (j, levels)
 
 
 def test_each_lane_meets_its_own_inputs():
-    """One level at a time: the word with only nibble i set, against inputs that are powers of two
-    of different sizes, picks exactly input i (a swapped pair or lane would pick another)."""
-    x = [2.0 ** i for i in range(8)]
+    """One level at a time: the word with only nibble i away from the zero point, against inputs
+    that are powers of two of different sizes, picks exactly input i (a swapped pair or lane would
+    pick another), and the scale and the zero point are the halves they should be."""
+    x = np.array([2.0 ** i for i in range(8)])
     for ptx, to_bits in ((_FP16_PTX, _to_fp16), (_BF16_PTX, _to_bf16)):
         for i in range(8):
-            word = 0x88888888 & ~(0xF << 4 * i) | (0x9 << 4 * i)  # every level 8 (zero), nibble i at 9
-            assert run_ptx(ptx.value, _inputs(word, np.array(x), to_bits)) == x[i] / 8, (ptx, i)
+            word = 0x55555555 & ~(0xF << 4 * i) | (0x7 << 4 * i)  # every level 5, nibble i at 7
+            case = {"words": [word], "x": [x], "scale": [0.5], "zero": [5], "acc": np.float32([1.0])}
+            assert run_ptx(ptx.value, _inputs(case, 0, to_bits)) == 1 + 0.5 * 2 * x[i] / 16, (ptx, i)
 
 
 def test_bf16_takes_the_packed_step_only_where_its_ptx_runs(monkeypatch):

@@ -104,9 +104,10 @@ def exactly_summed(method: str, k: int, n: int, dtype: torch.dtype, group_size: 
 def grid_inputs(*shape: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
     """Signed multiples of 1/16 in [-2, 2]: exact in fp16 and bf16, and with the weights above every
     kernel sum (at most 768 inputs x (1152 + 127) x 2, in units of 1/16) stays below 2^24. In bf16 only
-    up to 1/2: the one-row int4 kernel sums 4 products in bf16 itself (`quant_half2.py`), each a
-    multiple of 1/128, and a sum of them, at most 4 x 8/8 x 1/2 = 256/128, keeps within bf16's 8 bits."""
-    limit = 8 if dtype == torch.bfloat16 else 32
+    up to 1/4: the one-row int4 kernel sums 4 products in bf16 itself (`quant_half2.py`), each a
+    multiple of 1/256, and a sum of them, at most 4 x 15/16 x 1/4 = 240/256, keeps within bf16's 8
+    bits (fp16's 11 hold 4 x 15/16 x 2 = 1920/256)."""
+    limit = 4 if dtype == torch.bfloat16 else 32
     return (torch.randint(-limit, limit + 1, shape, generator=generator(seed)) / 16).to(dtype)
 
 
@@ -183,6 +184,18 @@ def test_the_one_row_kernel_is_exact_with_each_option_off_too(off, method, dtype
         ref = reference(x.double(), *as_fp64(args), None)
         assert torch.equal(kernel_of(x, *args, None, split_k=split_k), ref.to(dtype))
     assert len(launches) == 2
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_name)
+def test_one_row_that_starts_at_an_odd_element_is_exact(dtype):
+    """The packed step reads 16-bit inputs two at a time, as int32 (`quant_half2.input_pairs`); a
+    row that starts at an odd element of its buffer, which such a read would fault on a GPU, takes
+    the fp32 loop and sums the same."""
+    k, n = 256, 40
+    args = to_device(exactly_summed("int4", k, n, dtype, 64, seed=5))
+    x = grid_inputs(1, k + 1, dtype=dtype, seed=6).to(DEVICE)[:, 1:]
+    ref = int4_matmul_ref(x.double(), *as_fp64(args), None)
+    assert torch.equal(int4_matmul(x, *args, None), ref.to(dtype))
 
 
 @pytest.mark.parametrize("method", ["int8", "int4"])
