@@ -11,7 +11,10 @@ Each launch is compiled as `aot.py` does (for the GPU's architecture, specialize
 specializes it), disassembled with the `nvdisasm` that ships with Triton, and its hot loop found:
 the longest body that a backward branch closes. Per loop iteration one thread handles
 BLOCK_N x BLOCK_K weights / (32 x warps), so the instructions in the body over the bytes a thread
-reads in one iteration is what a byte costs.
+reads in one iteration is what a byte costs. Beside it: the registers a thread takes (`cuobjdump`;
+an SM's 64 K registers bound how many warps it holds to wait on memory) and the loop's barriers
+(`BAR`: where all of a program's warps wait for each other, mostly to pass values between
+threads through shared memory).
 
     python -m minillm.kernels.sass        # the int4 and int8 matmuls at 1 and 4 rows (the one-row
                                           # int4 loop also in fp32 and with bf16 inputs), and the
@@ -50,6 +53,7 @@ class LoopCost:
     instructions: int  # in the hot loop's body, per thread and iteration
     bytes_per_iteration: float  # weight bytes one thread reads in an iteration
     mix: Counter  # instructions by opcode
+    registers: int  # a thread's
 
     @property
     def per_byte(self) -> float:
@@ -61,11 +65,15 @@ class LoopCost:
         return target.num_sms * target.clock_ghz * 1e9 * ISSUE_PER_CLOCK / self.per_byte
 
 
-def nvdisasm() -> Path:
-    """The disassembler that ships with Triton's NVIDIA backend."""
+def nvidia_tool(name: str) -> Path:
+    """A binary that ships with Triton's NVIDIA backend (nvdisasm, cuobjdump)."""
     import triton
 
-    return Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "nvdisasm"
+    return Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / name
+
+
+def nvdisasm() -> Path:
+    return nvidia_tool("nvdisasm")
 
 
 def loop_bodies(sass: str) -> list[list[str]]:
@@ -86,24 +94,29 @@ def hot_loop(sass: str) -> list[str]:
     return max(loop_bodies(sass), key=len, default=[])
 
 
-def disassembled(fn, launch, target: GPUSpec) -> str:
-    """The launch's machine code for the target, as text."""
+def machine_code(fn, launch, target: GPUSpec) -> tuple[str, int]:
+    """The launch's machine code for the target, as text, and the registers a thread takes (which
+    bound how many warps an SM holds)."""
     kernel = compiled_kernel(fn, launch, target)
     with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
         cubin.write(kernel.asm["cubin"])
         cubin.flush()
-        return subprocess.run([str(nvdisasm()), "-c", cubin.name], capture_output=True, text=True, check=True).stdout
+        text = subprocess.run([str(nvdisasm()), "-c", cubin.name], capture_output=True, text=True, check=True).stdout
+        usage = subprocess.run([str(nvidia_tool("cuobjdump")), "--dump-resource-usage", cubin.name],
+                               capture_output=True, text=True, check=True).stdout
+    return text, int(re.search(r"REG:(\d+)", usage).group(1))
 
 
 def loop_cost(fn, args: tuple, kwargs: dict, target: GPUSpec, weight_bits: int) -> LoopCost:
     """The hot loop of a recorded launch; kwargs may override its constexprs (HALF2=False)."""
     launch = launch_of(fn, args, kwargs)
-    body = hot_loop(disassembled(fn, launch, target))
+    text, registers = machine_code(fn, launch, target)
+    body = hot_loop(text)
     constexprs, options = dict(launch.constexprs), dict(launch.options)
     threads = 32 * options.get("num_warps", 4)
     config = ", ".join(f"{k}={v}" for k, v in {**constexprs, **options}.items() if k.startswith(("BLOCK", "num_w")))
     return LoopCost(fn.__name__, config, len(body),
-                    constexprs["BLOCK_N"] * constexprs["BLOCK_K"] * weight_bits / 8 / threads, Counter(body))
+                    constexprs["BLOCK_N"] * constexprs["BLOCK_K"] * weight_bits / 8 / threads, Counter(body), registers)
 
 
 def quant_matmul_costs(target: GPUSpec, rows: tuple[int, ...] = (1, 4), dtype: torch.dtype = torch.float16,
@@ -145,7 +158,7 @@ def prefill_attention_loop(target: GPUSpec) -> tuple[str, Counter]:
     # The first loop with matrix multiplies (the binary search for the program's sequence is a loop
     # too): the keys below the diagonal; the diagonal's loop, with its masks, comes after it. Where
     # the compiler took no tensor cores (a T4's tiles), the longest loop.
-    bodies = loop_bodies(disassembled(fn, launch, target))
+    bodies = loop_bodies(machine_code(fn, launch, target)[0])
     unmasked = next((body for body in bodies if any("MMA" in op for op in body)), max(bodies, key=len))
     constexprs, options = dict(launch.constexprs), dict(launch.options)
     config = f"BLOCK_M={constexprs['BLOCK_M']}, BLOCK_N={constexprs['BLOCK_N']}, num_warps={options['num_warps']}"
@@ -161,8 +174,8 @@ def main(argv: list[str] | None = None) -> None:
     target = TARGETS[args.cc]
     print(f"{target.name}: {target.num_sms} SMs at {target.clock_ghz} GHz; 4096 x 4096 fp16 layer, int4 in groups "
           "of 128")
-    print(f"{'method':<9} {'rows':>4}  {'kernel':<17} {'loop':>6} {'bytes':>6} {'per byte':>8} {'ceiling':>10}  "
-          "most issued")
+    print(f"{'method':<9} {'rows':>4}  {'kernel':<17} {'loop':>6} {'bytes':>6} {'per byte':>8} {'ceiling':>10} "
+          f"{'regs':>5} {'bars':>5}  most issued")
     # The one-row int4 kernel's fp32 products, which packed arithmetic replaced, and its bf16 inputs.
     variants = [("", quant_matmul_costs(target)),
                 (" fp32", quant_matmul_costs(target, (1,), methods=("int4",), overrides={"HALF2": False}))]
@@ -173,7 +186,7 @@ def main(argv: list[str] | None = None) -> None:
             mix = ", ".join(f"{op} {n}" for op, n in cost.mix.most_common(6))
             print(f"{method + label:<9} {rows:>4}  {cost.kernel:<17} {cost.instructions:>6} "
                   f"{cost.bytes_per_iteration:>6.0f} {cost.per_byte:>8.2f} {cost.issue_ceiling(target) / 1e12:>7.2f} "
-                  f"TB/s  {mix}  ({cost.config})")
+                  f"TB/s {cost.registers:>5} {cost.mix['BAR']:>5}  {mix}  ({cost.config})")
     config, mix = prefill_attention_loop(target)
     mma = sum(n for op, n in mix.items() if "MMA" in op)
     print(f"\nragged attention, a 2,048-token prompt, head dim 128 ({config}): {mix.total()} instructions a tile of "
