@@ -196,7 +196,7 @@ step 1 host-spec 12 $PY -m minillm.cli bench step --model "$REPO/minillm/assets/
 # What the quantized matmuls' decode path is sensitive to (split-K, tiles, pipeline stages, the one-row
 # int4 kernel's loads a tile ahead or not, its packed products or fp32), for the INT4 targets that
 # step quant measures.
-step 1 quant-sweep 40 $PY scripts/quant_gemv_sweep.py "$OUTDIR/quant-sweep.json"
+step 1 quant-sweep 45 $PY scripts/quant_gemv_sweep.py "$OUTDIR/quant-sweep.json"
 
 # pytest-xdist, where it is installed, runs the GPU tests in parallel on the one GPU.
 XDIST=$($PY -c "import xdist" 2>/dev/null && echo "-n 6")

@@ -1,7 +1,8 @@
 """What the decode path of the quantized matmuls (`minillm/kernels/quant_gemv.py`) is sensitive to,
 on a CUDA GPU: the same layers as `minillm bench quant`, each launch parameter varied alone around
-the shipped choice (input slices, tile shape and warps, Triton's pipeline stages, the one-row
-kernels' loads issued a tile ahead or not, int4's packed arithmetic or fp32, fp16 or bf16 inputs),
+the shipped choice (input slices, tile shape and warps, the groups a one-row int4 tile spans,
+Triton's pipeline stages, the one-row kernels' loads issued a tile ahead or not, int4's packed
+arithmetic or fp32, fp16 or bf16 inputs),
 beside F.linear and the device's read-only bandwidth, CUDA-graph timed on copies of the weights as
 `bench quant` times them. For deciding what to change in a kernel before changing it.
 
@@ -81,17 +82,22 @@ def sweep() -> list[dict]:
     runs += [("int4", 1, "split-K", str(s or "as chosen"), s, None, {}) for s in (4, 8, None)]
     runs += [("int4", 1, "tile", "x".join(map(str, t)), None, t, {})
              for t in ((64, 128, 4), (64, 128, 2), (32, 128, 1), (128, 128, 8), (256, 128, 8), (256, 128, 4))]
+    # tiles of 1 and 4 groups side by side where the shipped one has 2 (quant_gemv.ONE_ROW_INT4_GROUPS):
+    # rows read in runs of 64 and 256 bytes rather than 128, with the same 16 words a thread
+    runs += [("int4", 1, "tile", "x".join(map(str, t)) + f" ({t[1] // 128} group{'s' * (t[1] > 128)})", None, t, {})
+             for t in ((128, 128, 4), (32, 512, 4), (32, 512, 2))]
+    runs += [("int4", 1, "prefetch", "off, 32x512x4", None, (32, 512, 4), {"PREFETCH": False})]
     runs += [("int4", 1, "prefetch", "off", s, t, {"PREFETCH": False})
              for s, t in ((None, None), (None, (64, 128, 4)), (1, None))]
     runs += [("int4", 1, "prefetch", "on", s, t, {}) for s, t in ((None, (64, 128, 4)), (1, None))]
-    # the fp32 loop the packed one replaced (quant_half2.py), as shipped and as last measured
-    runs += [("int4", 1, "half2", "off" + label, None, t, {"HALF2": False, **extra})
-             for label, t, extra in (("", None, {}), (", 64x128x2", (64, 128, 2), {}),
-                                     (", prefetch off", None, {"PREFETCH": False}))]
+    # the fp32 loop the packed one replaced (quant_half2.py), in the tiles it was measured in
+    runs += [("int4", 1, "half2", label, None, t, {"HALF2": False, **extra})
+             for label, t, extra in (("off, 128x128x4", (128, 128, 4), {}), ("off, 64x128x2", (64, 128, 2), {}),
+                                     ("off, 128x128x4, prefetch off", (128, 128, 4), {"PREFETCH": False}))]
     runs += [("int4", 1, "half2", "on, 64x128x2", None, (64, 128, 2), {})]
     # bf16 inputs: packed bf16 products (sm_80 and later) against the fp32 loop, beside bf16 F.linear
     runs += [("bf16", 1, "shipped", "", None, None, {}), ("int4 bf16", 1, "shipped", "", None, None, {}),
-             ("int4 bf16", 1, "half2", "off", None, None, {"HALF2": False})]
+             ("int4 bf16", 1, "half2", "off, 128x128x4", None, (128, 128, 4), {"HALF2": False})]
     runs += [("int4", 16, "tile", "x".join(map(str, t)) if t else "shipped", None, t, {})
              for t in (None, (64, 128, 4), (128, 128, 8))]
     runs += [("int4", 16, "stages", str(n), None, None, {"num_stages": n}) for n in (1, 2, 4)]

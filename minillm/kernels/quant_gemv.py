@@ -5,17 +5,15 @@ One program per block of output channels and per slice of the inputs (split-K), 
 2 to 16 rows take the tensor cores: int4 read as int32 words of 8 levels, one tl.dot per nibble
 position (`quant_tiles.word_dot_level`), int8 one per tile; the levels carry an offset that, with
 the zero point and the scale, is applied once per tile (`quant_tiles.py`). A single row has its own
-kernel (`_gemv_row_kernel`) on the plain ALUs, where an int4 weight costs a shift, one bitwise
-operation and one fp32 multiply-add (with 16-bit inputs, two weights share each packed
-instruction instead: `quant_half2.py`), and an int8 weight one bitwise operation and a multiply-add;
-each thread sums its own products, and the rows are reduced across threads once, after the loop.
+kernel on the plain ALUs (`quant_gemv_row.py`).
 
 At batch 1 such a kernel can be bound by the instructions it issues: an H100 issues about 33 T
 lane-instructions a second, so reading 2.4 TB/s leaves at most about 14 instructions a byte.
-`python -m minillm.kernels.sass` counts the loops' from their machine code: 6.6 for int4's one
-row with fp16 inputs (packed, under triton 3.9 and 3.6, the H100's in BENCHMARKS.md; 9.1 in fp32)
-and 8.7 for its 2 to 16, against 13.8 and 14.7 before they read words. That count is a ceiling: these
-kernels still read at about half of an H100's bandwidth, so what keeps bytes in flight matters too.
+`python -m minillm.kernels.sass` counts the loops' from their machine code: 6.7 for int4's one
+row with fp16 inputs (packed, under triton 3.9 and 3.6, the H100's in BENCHMARKS.md; 8.9 in fp32)
+and 8.7 for its 2 to 16, against 13.8 and 14.7 before they read words. That count is a ceiling:
+these kernels have read at about half of an H100's bandwidth, so how their bytes are read matters
+too (how many are in flight, in runs of what length).
 
 Split-K is one launch: the last slice of each output block to finish adds the slices' partial sums
 in a fixed order, so results do not vary from run to run (greedy decoding stays reproducible) and a
@@ -28,15 +26,14 @@ import torch
 import triton
 import triton.language as tl
 
-from minillm.kernels.quant_half2 import LEVEL_UNIT, half2_pairs, input_pairs, packs, runs_ptx, word_dots_half2
+from minillm.kernels.quant_gemv_row import _gemv_row_kernel
+from minillm.kernels.quant_half2 import packs, runs_ptx
 from minillm.kernels.quant_tiles import (
     dot_level_offset,
     dot_tile,
     finish_rows,
-    float_levels,
     nibble_inputs,
     word_dot_level,
-    word_level,
     word_level_offset,
 )
 from minillm.kernels.targets import GPUSpec, first_fitting, launch_target, shared_bytes_estimate
@@ -47,6 +44,13 @@ from minillm.kernels.targets import GPUSpec, first_fitting, launch_target, share
 # cores, not its memory, become the limit: reading the weights once is still all that matters. Past
 # that, more rows are better spread over more programs, which is what the gemm grid does.
 GEMV_MAX_ROWS = 16
+# Sub-tiles of one group's inputs in a tile of the one-row int4 kernel (`quant_gemv_row.py`), where
+# the inputs divide: a tile reads each of its rows in one run of 64 bytes times this. The int4 kernel
+# measured so far read runs of 64 bytes and reached 0.36-0.59 of an H100's read bandwidth, where
+# int8's, reading 256, reached 0.77: 2 makes the runs whole 128-byte lines with the same work a
+# thread (16 words, 4 rows) and nearly the same instructions and registers (`kernels.sass`), and
+# programs as many as before. Not yet timed: `scripts/quant_gemv_sweep.py` compares 1, 2 and 4.
+ONE_ROW_INT4_GROUPS = 2
 
 
 @triton.jit
@@ -95,128 +99,24 @@ def _gemv_kernel(x_ptr, w_ptr, scales_ptr, zeros_ptr, bias_ptr, out_ptr, partial
                 stride_om, split, num_splits, stride_split, INT4, HAS_BIAS, SPLIT)
 
 
-@triton.jit
-def _int4_row_tile(w_ptr, x_ptr, scales_ptr, zeros_ptr, rows, offs_n, mask_n, offs_j, k0, stride_sn,
-                   GROUP_SIZE: tl.constexpr, BLOCK_K: tl.constexpr, HALF2: tl.constexpr):
-    """The int4 one-row kernel's loads for the tile at input k0: its int32 words, its inputs and its
-    rows' scales and zero points. HALF2: the inputs as `input_pairs`, each row's scale and zero point
-    as one `half2_pairs`; else the inputs, scales and zero points in fp32."""
-    w = tl.load(w_ptr + rows + (k0 // 8 + offs_j)[None, :], mask=mask_n[:, None], other=0)
-    group = k0 // GROUP_SIZE
-    scale = tl.load(scales_ptr + offs_n * stride_sn + group, mask=mask_n, other=0.0)
-    zero = tl.load(zeros_ptr + offs_n * stride_sn + group, mask=mask_n, other=0.0)
-    if HALF2:
-        return w, input_pairs(x_ptr, k0, offs_j), half2_pairs(scale, zero)
-    else:
-        return w, tl.load(x_ptr + k0 + tl.arange(0, BLOCK_K)).to(tl.float32), (scale.to(tl.float32),
-                                                                                zero.to(tl.float32))
-
-
-@triton.jit
-def _int8_row_tile(w_ptr, x_ptr, rows, mask_n, k0, end, BLOCK_K: tl.constexpr):
-    """The int8 one-row kernel's loads for the tile at input k0, as stored: levels and inputs (none
-    at or past `end`, the slice's end)."""
-    offs_k = k0 + tl.arange(0, BLOCK_K)
-    mask_k = offs_k < end
-    q = tl.load(w_ptr + rows + offs_k[None, :], mask=mask_n[:, None] & mask_k[None, :], other=0)
-    return q, tl.load(x_ptr + offs_k, mask=mask_k, other=0.0)
-
-
-@triton.jit
-def _gemv_row_kernel(x_ptr, w_ptr, scales_ptr, zeros_ptr, bias_ptr, out_ptr, partial_ptr, counter_ptr, N, K,
-                     tiles_per_split, num_splits, stride_wn, stride_sn, stride_split, INT4: tl.constexpr,
-                     GROUP_SIZE: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr,
-                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PREFETCH: tl.constexpr = True,
-                     HALF2: tl.constexpr = False, ASM: tl.constexpr = False):
-    """One row of x: program (n, s) sums output channels of block n over input slice s. Levels are
-    fp32 numbers 2**BITS + level (`float_levels`), the offset folded into the sum as in
-    `quant_tiles.py`; with HALF2 (int4, 16-bit inputs) a word's products are taken in packed
-    arithmetic (`quant_half2.py`, its PTX where ASM)."""
-    pid_n = tl.program_id(0)
-    split = tl.program_id(1)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask_n = offs_n < N
-    rows = offs_n.to(tl.int64)[:, None] * stride_wn
-    start = split * tiles_per_split * BLOCK_K
-    end = tl.minimum(K, start + tiles_per_split * BLOCK_K)
-    if INT4:
-        # w_ptr holds int32 words, [N, K // 8]: word j of a row holds inputs 8j .. 8j + 7 in its
-        # nibbles, low bits first (the packed bytes, read four at a time). Each thread keeps a sum
-        # per row and word of its tile, and the rows are reduced across threads once, at the end: a
-        # weight costs a shift, a bitwise operation and a multiply-add, and its products never
-        # leave their thread inside the loop (only the inputs do). The tile lies in one group
-        # (BLOCK_K divides GROUP_SIZE, and K is a multiple of it): its scale and zero point are
-        # applied to each word's sum of 8 products.
-        # PREFETCH: each tile's loads are issued a tile ahead, before the arithmetic on the tile
-        # before. The loop does not pipeline them itself (Triton pipelines loads that feed a
-        # tl.dot), so a program otherwise waits for its words, then works with none of its bytes
-        # in flight; ahead, it holds a second tile's registers (128 a thread on sm_90, 96 without).
-        WORDS: tl.constexpr = BLOCK_K // 8
-        offs_j = tl.arange(0, WORDS)
-        acc2 = tl.zeros([BLOCK_N, WORDS], tl.float32)
-        if PREFETCH:
-            w, x, group = _int4_row_tile(w_ptr, x_ptr, scales_ptr, zeros_ptr, rows, offs_n, mask_n, offs_j, start,
-                                         stride_sn, GROUP_SIZE, BLOCK_K, HALF2)
-        for k0 in range(start, end, BLOCK_K):
-            if PREFETCH:  # the last tile loads itself again, from cache (masked loads: 20 more instructions)
-                ahead = tl.multiple_of(tl.minimum(k0 + BLOCK_K, end - BLOCK_K), BLOCK_K)
-                w_next, x_next, group_next = _int4_row_tile(w_ptr, x_ptr, scales_ptr, zeros_ptr, rows, offs_n, mask_n,
-                                                            offs_j, ahead, stride_sn, GROUP_SIZE, BLOCK_K, HALF2)
-            else:
-                w, x, group = _int4_row_tile(w_ptr, x_ptr, scales_ptr, zeros_ptr, rows, offs_n, mask_n, offs_j, k0,
-                                             stride_sn, GROUP_SIZE, BLOCK_K, HALF2)
-            if HALF2:  # the four input pairs serve every row of the thread's share of the tile
-                acc2 = word_dots_half2(w, x[0][None, :], x[1][None, :], x[2][None, :], x[3][None, :], group[:, None],
-                                       acc2, x_ptr.dtype.element_ty == tl.bfloat16, ASM)
-            else:
-                planes = nibble_inputs(x, WORDS)
-                sums = tl.zeros([BLOCK_N, WORDS], tl.float32)
-                for i in tl.static_range(8):
-                    sums += word_level(w, i) * planes[i][None, :]
-                x_sums = tl.sum(tl.reshape(x, [WORDS, 8]), 1)
-                scale, zero = group
-                acc2 += (sums - (zero + 16)[:, None] * x_sums[None, :]) * scale[:, None]
-            if PREFETCH:
-                w, x, group = w_next, x_next, group_next
-        acc = tl.sum(acc2, 1)[None, :] * (1 / LEVEL_UNIT if HALF2 else 1.0)
-    else:
-        # int8: one scale per row, applied when the rows are stored, so products are summed
-        # elementwise over the whole slice and reduced across threads once, at the end. A level q
-        # is stored shifted, as q + 128, to be non-negative for float_levels: 384 + q in all.
-        # PREFETCH as for int4; the tile after the slice's last is masked off whole (nothing read).
-        acc2 = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-        x_sums = tl.zeros([BLOCK_K], tl.float32)
-        if PREFETCH:
-            q, x = _int8_row_tile(w_ptr, x_ptr, rows, mask_n, start, end, BLOCK_K)
-        for k0 in range(start, end, BLOCK_K):
-            if PREFETCH:
-                q_next, x_next = _int8_row_tile(w_ptr, x_ptr, rows, mask_n, k0 + BLOCK_K, end, BLOCK_K)
-            else:
-                q, x = _int8_row_tile(w_ptr, x_ptr, rows, mask_n, k0, end, BLOCK_K)
-            x = x.to(tl.float32)
-            acc2 += float_levels(q.to(tl.int32) + 128, 8) * x[None, :]
-            x_sums += x
-            if PREFETCH:
-                q, x = q_next, x_next
-        acc = (tl.sum(acc2, 1) - tl.sum(x_sums, 0) * 384)[None, :]
-    finish_rows(acc, scales_ptr, bias_ptr, out_ptr, partial_ptr, counter_ptr, tl.zeros([1], tl.int32), offs_n,
-                tl.full([1], 1, tl.int1), mask_n, 0, split, num_splits, stride_split, INT4, HAS_BIAS, SPLIT)
-
-
-def gemv_tiles(target: GPUSpec | None, rows: int, int4: bool, group_size: int,
-               element_size: int) -> tuple[int, int, int]:
-    """(BLOCK_N, BLOCK_K, warps) of the gemv path on `target` (None: the interpreter), a tile lying
-    in one int4 group. The one-row kernel holds its tiles in registers: int8's sizes are the fastest
-    of a sweep on an H100 (BENCHMARKS.md); int4's give each thread 4 rows of 4 words, so that the
-    inputs it converts serve 4 rows: in fp32, 8.98 instructions a byte on sm_90 in 96 registers,
-    9.12 in 128 with its loads a tile ahead (`python -m minillm.kernels.sass`), where 8 rows on 2
-    warps issue 8.38 but take 255 registers, which leaves room for 8 warps an SM to wait on memory;
-    packed (fp16 inputs), 6.59 in 128.
+def gemv_tiles(target: GPUSpec | None, rows: int, int4: bool, group_size: int, element_size: int,
+               in_features: int) -> tuple[int, int, int]:
+    """(BLOCK_N, BLOCK_K, warps) of the gemv path on `target` (None: the interpreter); in_features is
+    a multiple of the group size, and of BLOCK_K. The one-row kernel holds its tiles in registers:
+    int8's sizes are the fastest of a sweep on an H100 (BENCHMARKS.md); int4's give each thread 4 rows
+    of 4 words, so that the inputs it converts serve 4 rows (8 rows on 2 warps issue a few percent
+    fewer instructions a byte, but in 255 registers, which leave room for 8 warps an SM to wait on
+    memory; `python -m minillm.kernels.sass` counts them). Its tile spans ONE_ROW_INT4_GROUPS
+    sub-tiles of at most a group each, where the inputs divide into such tiles: 128 channels x 128
+    inputs for one, 64 x 256 for two, 32 x 512 for four, each the same 16 words a thread.
     The tl.dot kernel stages x's rows and the weight tile in shared memory for the tensor cores, and
-    takes narrower tiles where a GPU has too little of it."""
+    takes narrower tiles where a GPU has too little of it; its int4 tiles lie in one group."""
     block_k = min(128, group_size) if int4 else (128 if rows > 1 else 256)
     if rows == 1:
-        return (128, block_k, 4) if int4 else (16, block_k, 4)
+        if not int4:
+            return 16, block_k, 4
+        subtiles = next(n for n in (ONE_ROW_INT4_GROUPS, 2, 1) if in_features % (n * block_k) == 0)
+        return 128 // subtiles, subtiles * block_k, 4
     if target is None:
         return 64, block_k, 4
     if target.capability < 80:
@@ -265,7 +165,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor, zeros_arg:
     rows, out_features = out.shape
     in_features = x.shape[1]
     target = launch_target(x.device)
-    block_n, block_k, warps = gemv_tiles(target, rows, int4, group_size, x.element_size())
+    block_n, block_k, warps = gemv_tiles(target, rows, int4, group_size, x.element_size(), in_features)
     n_blocks, k_tiles = triton.cdiv(out_features, block_n), triton.cdiv(in_features, block_k)
     if split_k is None:
         split_k = _gemv_splits(target, n_blocks, k_tiles, rows, out_features, weight.numel() * weight.element_size(),
@@ -288,6 +188,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor, zeros_arg:
         _gemv_row_kernel[(n_blocks, splits)](
             x, packed, scales, zeros_arg, bias_arg, out, partial, counters, out_features, in_features,
             tiles_per_split, splits, packed.stride(0), stride_sn, partial.stride(0),
+            SUB_K=min(128, group_size) if int4 else block_k,
             HALF2=int4 and packs(x.dtype, target) and x.data_ptr() % 4 == 0, ASM=runs_ptx(target), **common)
     else:
         offset = word_level_offset(x.dtype) if words else dot_level_offset(int4, x.dtype)
