@@ -90,14 +90,15 @@ def sweep() -> list[dict]:
     runs += [("int4", 1, "prefetch", "off", s, t, {"PREFETCH": False})
              for s, t in ((None, None), (None, (64, 128, 4)), (1, None))]
     runs += [("int4", 1, "prefetch", "on", s, t, {}) for s, t in ((None, (64, 128, 4)), (1, None))]
-    # the fp32 loop the packed one replaced (quant_half2.py), in the tiles it was measured in
+    # the fp32 loop the packed one replaced (quant_half2.py), at the shipped tile and those it was measured in
     runs += [("int4", 1, "half2", label, None, t, {"HALF2": False, **extra})
-             for label, t, extra in (("off, 128x128x4", (128, 128, 4), {}), ("off, 64x128x2", (64, 128, 2), {}),
+             for label, t, extra in (("off", None, {}), ("off, 128x128x4", (128, 128, 4), {}),
+                                     ("off, 64x128x2", (64, 128, 2), {}),
                                      ("off, 128x128x4, prefetch off", (128, 128, 4), {"PREFETCH": False}))]
     runs += [("int4", 1, "half2", "on, 64x128x2", None, (64, 128, 2), {})]
     # bf16 inputs: packed bf16 products (sm_80 and later) against the fp32 loop, beside bf16 F.linear
     runs += [("bf16", 1, "shipped", "", None, None, {}), ("int4 bf16", 1, "shipped", "", None, None, {}),
-             ("int4 bf16", 1, "half2", "off, 128x128x4", None, (128, 128, 4), {"HALF2": False})]
+             ("int4 bf16", 1, "half2", "off", None, None, {"HALF2": False})]
     runs += [("int4", 16, "tile", "x".join(map(str, t)) if t else "shipped", None, t, {})
              for t in (None, (64, 128, 4), (128, 128, 8))]
     runs += [("int4", 16, "stages", str(n), None, None, {"num_stages": n}) for n in (1, 2, 4)]

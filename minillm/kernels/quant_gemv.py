@@ -45,11 +45,13 @@ from minillm.kernels.targets import GPUSpec, first_fitting, launch_target, share
 # that, more rows are better spread over more programs, which is what the gemm grid does.
 GEMV_MAX_ROWS = 16
 # Sub-tiles of one group's inputs in a tile of the one-row int4 kernel (`quant_gemv_row.py`), where
-# the inputs divide: a tile reads each of its rows in one run of 64 bytes times this. The int4 kernel
-# measured so far read runs of 64 bytes and reached 0.36-0.59 of an H100's read bandwidth, where
-# int8's, reading 256, reached 0.77: 2 makes the runs whole 128-byte lines with the same work a
-# thread (16 words, 4 rows) and nearly the same instructions and registers (`kernels.sass`), and
-# programs as many as before. Not yet timed: `scripts/quant_gemv_sweep.py` compares 1, 2 and 4.
+# the inputs divide: a tile reads each of its rows in one run of this many times 64 bytes (groups of
+# 128 and more; 16 or 32 for smaller ones). The int4 kernel measured so far read runs of 64 bytes and
+# reached 0.36-0.59 of an H100's read bandwidth, where int8's, reading 256, reached 0.77: 2 makes the
+# runs whole 128-byte lines with the same work a thread (16 words, 4 rows), as many programs, and
+# nearly the same instructions and registers for the packed step (`kernels.sass`); the fp32 loop
+# (fp32 inputs, bf16 before sm_80, a row at an odd element) takes 168 registers there, against 128.
+# Not yet timed: `scripts/quant_gemv_sweep.py` compares 1, 2 and 4 groups.
 ONE_ROW_INT4_GROUPS = 2
 
 
@@ -107,8 +109,9 @@ def gemv_tiles(target: GPUSpec | None, rows: int, int4: bool, group_size: int, e
     of 4 words, so that the inputs it converts serve 4 rows (8 rows on 2 warps issue a few percent
     fewer instructions a byte, but in 255 registers, which leave room for 8 warps an SM to wait on
     memory; `python -m minillm.kernels.sass` counts them). Its tile spans ONE_ROW_INT4_GROUPS
-    sub-tiles of at most a group each, where the inputs divide into such tiles: 128 channels x 128
-    inputs for one, 64 x 256 for two, 32 x 512 for four, each the same 16 words a thread.
+    sub-tiles of at most 128 inputs of one group each, where the inputs divide into such tiles: for
+    groups of 128 and more, 128 channels x 128 inputs for one, 64 x 256 for two, 32 x 512 for four,
+    each the same 16 words a thread.
     The tl.dot kernel stages x's rows and the weight tile in shared memory for the tensor cores, and
     takes narrower tiles where a GPU has too little of it; its int4 tiles lie in one group."""
     block_k = min(128, group_size) if int4 else (128 if rows > 1 else 256)

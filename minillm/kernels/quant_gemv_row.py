@@ -78,7 +78,8 @@ def _gemv_row_kernel(x_ptr, w_ptr, scales_ptr, zeros_ptr, bias_ptr, out_ptr, par
         # PREFETCH: each tile's loads are issued a tile ahead, before the arithmetic on the tile
         # before. The loop does not pipeline them itself (Triton pipelines loads that feed a
         # tl.dot), so a program otherwise waits for its words, then works with none of its bytes
-        # in flight; ahead, it holds a second tile's registers (128 a thread on sm_90, 80 without).
+        # in flight; ahead, it holds a second tile's registers (about 128 a thread on sm_90 for the
+        # packed step, 80 without; the fp32 loop at 2 groups a tile 168).
         SUBTILES: tl.constexpr = BLOCK_K // SUB_K
         WORDS: tl.constexpr = SUB_K // 8
         rows = offs_n.to(tl.int64)[:, None] * stride_wn

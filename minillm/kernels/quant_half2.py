@@ -7,9 +7,10 @@ gives P + level, exactly, as `quant_tiles.py` explains (fp16 1024, bf16 128). A 
 come as the pairs (0, 4), (1, 5), (2, 6), (3, 7): four such operations and a shift (fp16 takes
 nibbles 1 and 5 four bits higher, as 1024 + 16 level, and needs one shift; bf16's 7 mantissa bits
 cannot hold them there, and it takes three). Four packed multiply-adds make the pairs
-(level - zero) / 16, exactly: the group's zero point goes into the constant each multiply-add adds,
--(P / 16 + zero / 16), made once per row from the zero point (an integer, 0 to 15) by one more
-packed multiply-add. Four more take the products with the inputs that meet them, which the kernel
+(level - zero) / 16, exactly: each scales P + level (or P + 16 level) and adds a constant that
+takes away both P's share and the group's zero point, -(64 + zero / 16) or -(4 + zero / 16) for
+fp16, -(8 + zero / 16) for bf16, made once per row from the zero point (an integer, 0 to 15) by a
+packed multiply-add of its own. Four more take the products with the inputs that meet them, which the kernel
 loads as int32 pairs of the same shape (`input_pairs`); two instructions move each lane's sum to
 fp32, one adds them, and one multiply-add applies the group's scale and adds the result to the
 thread's sum: 17 instructions a word for fp16 (19 for bf16), and nothing per group or per input
@@ -20,8 +21,9 @@ or 8 (bf16) bits, which (P + level) x would spend on P, and with the zero point 
 the products no sum of inputs has to be taken apart from them and subtracted after. The 1/16 keeps
 the fp16 sums small: a product is at most 15/16 |x|, and a lane adds 4 of them before its sum moves
 to fp32, so it cannot overflow while every input is below 17,467 in size, and can only once four
-inputs of one lane add up past 69,871 (bf16 has fp32's range). It comes free, in the constants of
-the multiply-adds that centre the levels, and the kernel multiplies its sums by 16 once, at the end.
+inputs of one lane add up past about 69,836, the rounding of their partial sums included (bf16 has
+fp32's range). It comes free, in the constants of the multiply-adds that centre the levels, and
+the kernel multiplies its sums by 16 once, at the end.
 The price is precision: each product and partial sum rounds to the inputs' dtype (2^-11 for fp16,
 2^-8 for bf16) where the fp32 loop keeps 24 bits; that is about one more rounding of the result,
 which is itself rounded to the inputs' dtype.
@@ -78,8 +80,8 @@ def _hex(word) -> str:
 # half), $7 the sum so far; $0 the sum after. lop3's truth table 0xEA is (a & b) | c: the zero point
 # in both halves, and the masked nibbles OR the magic number. Without a rounding mode, ptxas may fuse
 # a multiply and an add into one multiply-add; .rn keeps every step as written (and as the
-# interpreter runs it). Per row, the first 5 instructions and the scale's conversion are the same for
-# every word, and ptxas computes them once.
+# interpreter runs it). The centring constants and the scale's conversion depend on the row alone,
+# the same for each of its words, and ptxas computes them once a row.
 _FP16_PTX = tl.constexpr(f"""{{
 .reg .b32 t0, t1, t2, t3, s, a, z, c0, c1, c2, c3, m;
 .reg .f16 h0, h1;
@@ -197,12 +199,14 @@ def _halves(pairs):
 
 @triton.jit
 def _multiply_add(levels, pairs, sums):
-    """Both lanes of fp16 fma(levels, inputs, sums): taken in fp32, where the product of two fp16
-    numbers is exact and the sum nearly always is, then rounded to fp16."""
+    """Both lanes of fp16 fma(levels, inputs, sums), rounded once to fp16 as the GPU's is: taken in
+    fp64, where the product of two fp16 numbers is exact, and so is its sum with a third unless the
+    two lie more than 2^30 apart."""
     l0, l1 = _halves(levels)
     x0, x1 = _halves(pairs)
     s0, s1 = sums
-    return (l0 * x0 + s0).to(tl.float16).to(tl.float32), (l1 * x1 + s1).to(tl.float16).to(tl.float32)
+    return ((l0.to(tl.float64) * x0 + s0).to(tl.float16).to(tl.float32),
+            (l1.to(tl.float64) * x1 + s1).to(tl.float16).to(tl.float32))
 
 
 @triton.jit
@@ -239,4 +243,4 @@ def word_dots_half2(words, x0, x1, x2, x3, scale_zero, acc, BF16: tl.constexpr, 
         sums = _multiply_add(_centred_levels(words, zero, _HIGH_NIBBLES), x1, sums)
         sums = _multiply_add(_centred_levels(shifted, zero, _LOW_NIBBLES), x2, sums)
         sums = _multiply_add(_centred_levels(shifted, zero, _HIGH_NIBBLES), x3, sums)
-        return acc + scale * (sums[0] + sums[1])
+        return (acc.to(tl.float64) + scale.to(tl.float64) * (sums[0] + sums[1])).to(tl.float32)  # one rounding

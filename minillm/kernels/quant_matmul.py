@@ -122,7 +122,9 @@ def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, zer
     """x [..., in] @ dequantize_int4(packed, scales, zeros, group_size).T + bias -> [..., out] in x's dtype.
 
     packed: uint8 [out, in // 2], contiguous, input 2j in the low nibble of byte j and 2j + 1 in the
-    high one; scales, zeros: [out, in // group_size] in x's dtype; group_size: a power of two >= 32
+    high one; scales, zeros: [out, in // group_size] in x's dtype, the zero points integers from 0 to
+    15 (as every format the engine loads stores them: one row of 16-bit inputs folds each into a
+    constant of the inputs' precision, `quant_half2.py`); group_size: a power of two >= 32
     (a weight tile lies in one group; tl.dot needs 16 inputs, but 16-input tiles of nibbles
     gave wrong sums on an H100 (the GPU check of 2026-11-27), where 32 and more were exact). path,
     split_k: as int8_matmul."""

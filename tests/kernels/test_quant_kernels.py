@@ -213,15 +213,25 @@ def test_one_row_int4_tiles_of_several_groups_are_exact(subtiles, dtype, monkeyp
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_name)
-def test_one_row_that_starts_at_an_odd_element_is_exact(dtype):
+def test_one_row_that_starts_at_an_odd_element_is_exact(dtype, monkeypatch):
     """The packed step reads 16-bit inputs two at a time, as int32 (`quant_half2.input_pairs`); a
     row that starts at an odd element of its buffer, which such a read would fault on a GPU, takes
     the fp32 loop and sums the same."""
+    packed_steps = []
+    kernel = quant_gemv._gemv_row_kernel
+
+    class Recorded:
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: packed_steps.append(kwargs["HALF2"]) or kernel[grid](*args, **kwargs)
+
+    monkeypatch.setattr(quant_gemv, "_gemv_row_kernel", Recorded())
     k, n = 256, 40
     args = to_device(exactly_summed("int4", k, n, dtype, 64, seed=5))
-    x = grid_inputs(1, k + 1, dtype=dtype, seed=6).to(DEVICE)[:, 1:]
-    ref = int4_matmul_ref(x.double(), *as_fp64(args), None)
-    assert torch.equal(int4_matmul(x, *args, None), ref.to(dtype))
+    buffer = grid_inputs(1, k + 1, dtype=dtype, seed=6).to(DEVICE)
+    for x in (buffer[:, :k], buffer[:, 1:]):
+        ref = int4_matmul_ref(x.double(), *as_fp64(args), None)
+        assert torch.equal(int4_matmul(x, *args, None), ref.to(dtype))
+    assert packed_steps == [quant_gemv.packs(dtype, quant_gemv.launch_target(buffer.device)), False]
 
 
 @pytest.mark.parametrize("method", ["int8", "int4"])
