@@ -56,13 +56,39 @@ ONE_ROW_INT4_GROUPS = 2
 
 
 @triton.jit
+def _word_tile_loads(x_rows, w_ptr, rows, mask_m, mask_n, k0, SUB_K: tl.constexpr):
+    """The inputs [rows, SUB_K] and int32 words [channels, SUB_K // 8] of one group's tile at k0."""
+    x = tl.load(x_rows + (k0 + tl.arange(0, SUB_K))[None, :], mask=mask_m[:, None], other=0.0)
+    w = tl.load(w_ptr + rows + (k0 // 8 + tl.arange(0, SUB_K // 8))[None, :], mask=mask_n[:, None], other=0)
+    return x, w
+
+
+@triton.jit
+def _word_tile_sum(acc, x, w, scales_ptr, zeros_ptr, offs_n, mask_n, stride_sn, k0, GROUP_SIZE: tl.constexpr,
+                   OFFSET: tl.constexpr, PRECISION: tl.constexpr):
+    """acc plus one group's tile of int32 words times its inputs: one tl.dot per nibble, each over
+    the word columns (16 of them, tl.dot's least), with the inputs that meet that nibble."""
+    planes = nibble_inputs(x, w.shape[1])
+    products = tl.zeros(acc.shape, tl.float32)
+    for i in tl.static_range(8):
+        products = tl.dot(planes[i], tl.trans(word_dot_level(w, i, x.dtype)), products, input_precision=PRECISION)
+    group = k0 // GROUP_SIZE
+    scale = tl.load(scales_ptr + offs_n * stride_sn + group, mask=mask_n, other=0.0).to(tl.float32)
+    zero = tl.load(zeros_ptr + offs_n * stride_sn + group, mask=mask_n, other=0.0).to(tl.float32)
+    x_sums = tl.sum(x.to(tl.float32), 1)[:, None]
+    return acc + (products - x_sums * (zero + OFFSET)[None, :]) * scale[None, :]
+
+
+@triton.jit
 def _gemv_kernel(x_ptr, w_ptr, scales_ptr, zeros_ptr, bias_ptr, out_ptr, partial_ptr, counter_ptr, M, N, K,
                  tiles_per_split, num_splits, stride_xm, stride_wn, stride_sn, stride_om, stride_split,
                  INT4: tl.constexpr, GROUP_SIZE: tl.constexpr, HAS_BIAS: tl.constexpr, OFFSET: tl.constexpr,
                  SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 PRECISION: tl.constexpr):
+                 PRECISION: tl.constexpr, SUB_K: tl.constexpr = 0):
     """Program (n, s, m): output channels of block n, input slice s, rows of block m (a single
-    block up to GEMV_MAX_ROWS rows)."""
+    block up to GEMV_MAX_ROWS rows). int4 in words (SUB_K >= 128): a tile is one or two groups'
+    sub-tiles of SUB_K inputs, whose loads are all issued before either's arithmetic, so that a
+    row's words are requested together."""
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
     offs_m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -73,24 +99,18 @@ def _gemv_kernel(x_ptr, w_ptr, scales_ptr, zeros_ptr, bias_ptr, out_ptr, partial
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     start = split * tiles_per_split * BLOCK_K
     end = tl.minimum(K, start + tiles_per_split * BLOCK_K)
-    if INT4 and BLOCK_K >= 128:
-        # int32 words, as the one-row kernel reads them: one tl.dot per nibble, each over the word
-        # columns (16 of them, tl.dot's least), with the inputs that meet that nibble.
-        WORDS: tl.constexpr = BLOCK_K // 8
+    if INT4 and SUB_K >= 128:
+        tl.static_assert(BLOCK_K == SUB_K or BLOCK_K == 2 * SUB_K, "a tile of one or two groups' sub-tiles")
         rows = offs_n.to(tl.int64)[:, None] * stride_wn
         for k0 in range(start, end, BLOCK_K):
-            x = tl.load(x_rows + (k0 + tl.arange(0, BLOCK_K))[None, :], mask=mask_m[:, None], other=0.0)
-            w = tl.load(w_ptr + rows + (k0 // 8 + tl.arange(0, WORDS))[None, :], mask=mask_n[:, None], other=0)
-            planes = nibble_inputs(x, WORDS)
-            products = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-            for i in tl.static_range(8):
-                products = tl.dot(planes[i], tl.trans(word_dot_level(w, i, x.dtype)), products,
-                                  input_precision=PRECISION)
-            group = k0 // GROUP_SIZE
-            scale = tl.load(scales_ptr + offs_n * stride_sn + group, mask=mask_n, other=0.0).to(tl.float32)
-            zero = tl.load(zeros_ptr + offs_n * stride_sn + group, mask=mask_n, other=0.0).to(tl.float32)
-            x_sums = tl.sum(x.to(tl.float32), 1)[:, None]
-            acc += (products - x_sums * (zero + OFFSET)[None, :]) * scale[None, :]
+            x, w = _word_tile_loads(x_rows, w_ptr, rows, mask_m, mask_n, k0, SUB_K)
+            if BLOCK_K > SUB_K:
+                x2, w2 = _word_tile_loads(x_rows, w_ptr, rows, mask_m, mask_n, k0 + SUB_K, SUB_K)
+            acc = _word_tile_sum(acc, x, w, scales_ptr, zeros_ptr, offs_n, mask_n, stride_sn, k0, GROUP_SIZE, OFFSET,
+                                 PRECISION)
+            if BLOCK_K > SUB_K:
+                acc = _word_tile_sum(acc, x2, w2, scales_ptr, zeros_ptr, offs_n, mask_n, stride_sn, k0 + SUB_K,
+                                     GROUP_SIZE, OFFSET, PRECISION)
     else:
         for k0 in range(start, end, BLOCK_K):
             offs_k = k0 + tl.arange(0, BLOCK_K)
@@ -198,4 +218,5 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor, zeros_arg:
         _gemv_kernel[(n_blocks, splits, m_blocks)](
             x, packed, scales, zeros_arg, bias_arg, out, partial, counters, rows, out_features, in_features,
             tiles_per_split, splits, x.stride(0), packed.stride(0), stride_sn, out.stride(0), partial.stride(0),
-            OFFSET=offset, BLOCK_M=GEMV_MAX_ROWS, PRECISION=precision, **common)
+            OFFSET=offset, BLOCK_M=GEMV_MAX_ROWS, PRECISION=precision, SUB_K=min(128, group_size) if words else 0,
+            **common)

@@ -10,11 +10,11 @@ cannot hold them there, and it takes three). Four packed multiply-adds make the 
 (level - zero) / 16, exactly: each scales P + level (or P + 16 level) and adds a constant that
 takes away both P's share and the group's zero point, -(64 + zero / 16) or -(4 + zero / 16) for
 fp16, -(8 + zero / 16) for bf16, made once per row from the zero point (an integer, 0 to 15) by a
-packed multiply-add of its own. Four more take the products with the inputs that meet them, which the kernel
-loads as int32 pairs of the same shape (`input_pairs`); two instructions move each lane's sum to
-fp32, one adds them, and one multiply-add applies the group's scale and adds the result to the
-thread's sum: 17 instructions a word for fp16 (19 for bf16), and nothing per group or per input
-outside the step. `kernels/sass.py` counts whole loops.
+packed multiply-add of its own. Four more take the products with the inputs that meet them, which
+the kernel loads as int32 pairs of the same shape (`input_pairs`); two instructions move each
+lane's sum to fp32, one adds them, and one multiply-add applies the group's scale and adds the
+result to the thread's sum: 17 instructions a word for fp16 (19 for bf16), and nothing per group or
+per input outside the step. `kernels/sass.py` counts whole loops.
 
 Why (level - zero) / 16 and not P + level, as the fp32 loop keeps: a 16-bit product keeps 11 (fp16)
 or 8 (bf16) bits, which (P + level) x would spend on P, and with the zero point subtracted before
@@ -23,10 +23,10 @@ the fp16 sums small: a product is at most 15/16 |x|, and a lane adds 4 of them b
 to fp32, so it cannot overflow while every input is below 17,467 in size, and can only once four
 inputs of one lane add up past about 69,836, the rounding of their partial sums included (bf16 has
 fp32's range). It comes free, in the constants of the multiply-adds that centre the levels, and
-the kernel multiplies its sums by 16 once, at the end.
-The price is precision: each product and partial sum rounds to the inputs' dtype (2^-11 for fp16,
-2^-8 for bf16) where the fp32 loop keeps 24 bits; that is about one more rounding of the result,
-which is itself rounded to the inputs' dtype.
+the kernel multiplies its sums by 16 once, at the end. The price is precision: each product and
+partial sum rounds to the inputs' dtype (2^-11 for fp16, 2^-8 for bf16) where the fp32 loop keeps
+24 bits; that is about one more rounding of the result, which is itself rounded to the inputs'
+dtype.
 
 Triton has no packed arithmetic of its own (it compiles 16-bit operations one number at a time), so
 on a GPU the step is inline PTX: fp16 from sm_53, bf16 (`fma.rn.bf16x2`) from sm_80, the first GPUs

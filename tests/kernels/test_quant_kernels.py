@@ -213,6 +213,23 @@ def test_one_row_int4_tiles_of_several_groups_are_exact(subtiles, dtype, monkeyp
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_name)
+def test_int4_tiles_of_two_groups_on_the_tensor_cores_are_exact(dtype, monkeypatch):
+    """2 to 16 rows take one group's tile at a time; `scripts/quant_gemv_sweep.py` also times tiles
+    of two groups side by side (their loads issued together), which must sum the same."""
+    shipped = quant_gemv.gemv_tiles
+    monkeypatch.setattr(quant_gemv, "gemv_tiles", lambda target, rows, *args: (64, 256, 4) if rows > 1 else
+                        shipped(target, rows, *args))
+    k, n = 768, 72  # 3 tiles of two groups of 128
+    args = to_device(exactly_summed("int4", k, n, dtype, 128, seed=11))
+    for rows in (3, GEMV_MAX_ROWS):
+        x = grid_inputs(rows, k, dtype=dtype, seed=rows).to(DEVICE)
+        ref = int4_matmul_ref(x.double(), *as_fp64(args), None)
+        for split_k in (1, 2):
+            out = int4_matmul(x, *args, None, path="gemv", split_k=split_k)
+            assert torch.equal(out, ref.to(dtype)), (rows, split_k)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_name)
 def test_one_row_that_starts_at_an_odd_element_is_exact(dtype, monkeypatch):
     """The packed step reads 16-bit inputs two at a time, as int32 (`quant_half2.input_pairs`); a
     row that starts at an odd element of its buffer, which such a read would fault on a GPU, takes
