@@ -86,9 +86,9 @@ def _gemv_kernel(x_ptr, w_ptr, scales_ptr, zeros_ptr, bias_ptr, out_ptr, partial
                  SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  PRECISION: tl.constexpr, SUB_K: tl.constexpr = 0):
     """Program (n, s, m): output channels of block n, input slice s, rows of block m (a single
-    block up to GEMV_MAX_ROWS rows). int4 in words (SUB_K >= 128): a tile is one or two groups'
-    sub-tiles of SUB_K inputs, whose loads are all issued before either's arithmetic, so that a
-    row's words are requested together."""
+    block up to GEMV_MAX_ROWS rows). int4 in words (SUB_K >= 128): a tile is one or two sub-tiles
+    of SUB_K inputs, each within a group, whose loads are all issued before either's arithmetic, so
+    that a row's words are requested together."""
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
     offs_m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -100,7 +100,7 @@ def _gemv_kernel(x_ptr, w_ptr, scales_ptr, zeros_ptr, bias_ptr, out_ptr, partial
     start = split * tiles_per_split * BLOCK_K
     end = tl.minimum(K, start + tiles_per_split * BLOCK_K)
     if INT4 and SUB_K >= 128:
-        tl.static_assert(BLOCK_K == SUB_K or BLOCK_K == 2 * SUB_K, "a tile of one or two groups' sub-tiles")
+        tl.static_assert(BLOCK_K == SUB_K or BLOCK_K == 2 * SUB_K, "a tile of one or two sub-tiles")
         rows = offs_n.to(tl.int64)[:, None] * stride_wn
         for k0 in range(start, end, BLOCK_K):
             x, w = _word_tile_loads(x_rows, w_ptr, rows, mask_m, mask_n, k0, SUB_K)
@@ -205,18 +205,22 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor, zeros_arg:
                   BLOCK_K=block_k, num_warps=warps)
     # int4 as int32 words, 8 levels each (see the kernels), where a tile holds 16 words or more.
     words = int4 and (rows == 1 or block_k >= 128)
+    sub_k = min(128, group_size)
+    # The word paths read whole tiles of whole sub-tiles (no mask along the inputs): what the tile
+    # rules give, and what a forced tile (scripts/quant_gemv_sweep.py) must keep to.
+    assert not words or (in_features % block_k == 0 and block_k % sub_k == 0
+                         and (rows == 1 or sub_k == 128 and block_k in (128, 256))), (in_features, block_k, group_size)
     packed = weight.view(torch.int32) if words else weight
     if rows == 1:
         # The packed step reads the inputs two at a time, as int32: a row at an odd element keeps fp32.
         _gemv_row_kernel[(n_blocks, splits)](
             x, packed, scales, zeros_arg, bias_arg, out, partial, counters, out_features, in_features,
             tiles_per_split, splits, packed.stride(0), stride_sn, partial.stride(0),
-            SUB_K=min(128, group_size) if int4 else block_k,
+            SUB_K=sub_k if int4 else block_k,
             HALF2=int4 and packs(x.dtype, target) and x.data_ptr() % 4 == 0, ASM=runs_ptx(target), **common)
     else:
         offset = word_level_offset(x.dtype) if words else dot_level_offset(int4, x.dtype)
         _gemv_kernel[(n_blocks, splits, m_blocks)](
             x, packed, scales, zeros_arg, bias_arg, out, partial, counters, rows, out_features, in_features,
             tiles_per_split, splits, x.stride(0), packed.stride(0), stride_sn, out.stride(0), partial.stride(0),
-            OFFSET=offset, BLOCK_M=GEMV_MAX_ROWS, PRECISION=precision, SUB_K=min(128, group_size) if words else 0,
-            **common)
+            OFFSET=offset, BLOCK_M=GEMV_MAX_ROWS, PRECISION=precision, SUB_K=sub_k if words else 0, **common)

@@ -200,8 +200,8 @@ def _halves(pairs):
 @triton.jit
 def _multiply_add(levels, pairs, sums):
     """Both lanes of fp16 fma(levels, inputs, sums), rounded once to fp16 as the GPU's is: taken in
-    fp64, where the product of two fp16 numbers is exact, and so is its sum with a third unless the
-    two lie more than 2^30 apart."""
+    fp64, where the product and the sum are exact for these operands (a level has 4 significant
+    bits, the inputs and sums fp16's 11)."""
     l0, l1 = _halves(levels)
     x0, x1 = _halves(pairs)
     s0, s1 = sums
@@ -243,4 +243,6 @@ def word_dots_half2(words, x0, x1, x2, x3, scale_zero, acc, BF16: tl.constexpr, 
         sums = _multiply_add(_centred_levels(words, zero, _HIGH_NIBBLES), x1, sums)
         sums = _multiply_add(_centred_levels(shifted, zero, _LOW_NIBBLES), x2, sums)
         sums = _multiply_add(_centred_levels(shifted, zero, _HIGH_NIBBLES), x3, sums)
-        return (acc.to(tl.float64) + scale.to(tl.float64) * (sums[0] + sums[1])).to(tl.float32)  # one rounding
+        # one rounding, as the GPU's fused multiply-add, but for a tie after an inexact fp64 sum
+        # (the sum so far and the product 2^24 or more apart)
+        return (acc.to(tl.float64) + scale.to(tl.float64) * (sums[0] + sums[1])).to(tl.float32)

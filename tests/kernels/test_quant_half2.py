@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import re
 import struct
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -66,6 +67,16 @@ def _lanes(kind: str, op, *operands: int) -> int:
     return _pack(*(write(op(*lane)) for lane in lanes))
 
 
+def _to_odd(exact: Fraction) -> float:
+    """The float64 nearest `exact` toward zero, its last bit set where that is inexact: rounding it
+    to fp32, 29 bits shorter, then rounds `exact` itself (round to odd)."""
+    nearest = float(exact)
+    if Fraction(nearest) == exact:
+        return nearest
+    toward_zero = nearest if abs(Fraction(nearest)) < abs(exact) else math.nextafter(nearest, 0.0)
+    return struct.unpack("<d", struct.pack("<Q", struct.unpack("<Q", struct.pack("<d", toward_zero))[0] | 1))[0]
+
+
 def run_ptx(ptx: str, inputs: list[int | float]) -> float:
     """The value of $0 after `ptx`, with $1, $2, ... holding `inputs` (32-bit registers: bits, or
     the number an fp32 register holds)."""
@@ -109,8 +120,9 @@ def run_ptx(ptx: str, inputs: list[int | float]) -> float:
             result = float(value(args[0]))
         elif opcode == "add.rn.f32":
             result = float(np.float32(value(args[0]) + value(args[1])))
-        elif opcode == "fma.rn.f32":  # the product of two fp32 numbers is exact in float64
-            result = float(np.float32(value(args[0]) * value(args[1]) + value(args[2])))
+        elif opcode == "fma.rn.f32":  # rounded once, through float64 rounded to odd
+            result = float(np.float32(_to_odd(Fraction(value(args[0])) * Fraction(value(args[1]))
+                                              + Fraction(value(args[2])))))
         else:
             raise AssertionError(f"the evaluator does not know {opcode}")
         regs[dest] = result
@@ -158,7 +170,7 @@ def test_the_fp16_ptx_computes_what_the_interpreter_runs_bit_for_bit(cases):
     lane: nibbles 0 and 1, levels 1 and 9), and the scale's product before the sum so far (lanes
     summing to more bits than fp32's product with the scale keeps)."""
     x = np.zeros((3, 8), dtype=np.float32)
-    x[:2, 0], x[:2, 1] = 0.01564, [28.73, -28.73]
+    x[:2, 0], x[:2, 1] = [0.01564, -0.01564], [28.73, -28.73]
     x[2, 0], x[2, 4] = 612.5, -7.66796875
     cases = {"words": np.append(cases["words"][:-3], [0x91, 0x91, 0x10001]).astype(np.int32),
              "x": np.concatenate([cases["x"][:-3], x.astype(np.float16).astype(np.float32)]),
