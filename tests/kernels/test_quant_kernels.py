@@ -186,22 +186,26 @@ def test_the_one_row_kernel_is_exact_with_each_option_off_too(off, method, dtype
     assert len(launches) == 2
 
 
+@pytest.fixture
+def row_launches(monkeypatch) -> list[dict]:
+    """The keyword arguments (constexprs) of every launch of the one-row kernel, which still runs."""
+    launches, kernel = [], quant_gemv._gemv_row_kernel
+
+    class Recorded:
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: launches.append(kwargs) or kernel[grid](*args, **kwargs)
+
+    monkeypatch.setattr(quant_gemv, "_gemv_row_kernel", Recorded())
+    return launches
+
+
 @pytest.mark.parametrize("subtiles", [2, 4])
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_name)
-def test_one_row_int4_tiles_of_several_groups_are_exact(subtiles, dtype, monkeypatch):
+def test_one_row_int4_tiles_of_several_groups_are_exact(subtiles, dtype, monkeypatch, row_launches):
     """The one-row int4 kernel's tiles may span several groups side by side (ONE_ROW_INT4_GROUPS),
     each with its own scale and zero point: every group size, one slice and several, and inputs
     that a tile of several groups does not divide (which take one group a tile)."""
     monkeypatch.setattr(quant_gemv, "ONE_ROW_INT4_GROUPS", subtiles)
-    launches = []
-    kernel = quant_gemv._gemv_row_kernel
-
-    class Recorded:
-        def __getitem__(self, grid):
-            return lambda *args, **kwargs: launches.append(kwargs["BLOCK_K"] // kwargs["SUB_K"]) or kernel[grid](
-                *args, **kwargs)
-
-    monkeypatch.setattr(quant_gemv, "_gemv_row_kernel", Recorded())
     for k, n, group_size in ((512, 40, 32), (512, 72, 64), (1024, 40, 128), (768, 40, 128), (384, 40, 128)):
         args = to_device(exactly_summed("int4", k, n, dtype, group_size, seed=k + group_size))
         x = grid_inputs(1, k, dtype=dtype, seed=k + 1).to(DEVICE)
@@ -209,7 +213,7 @@ def test_one_row_int4_tiles_of_several_groups_are_exact(subtiles, dtype, monkeyp
         for split_k in (1, 2):
             assert torch.equal(int4_matmul(x, *args, None, split_k=split_k), ref.to(dtype)), (k, group_size, split_k)
     # 768 inputs are 3 tiles of 2 groups of 128, not of 4; 384 inputs take one group a tile
-    assert launches == [subtiles] * 6 + [2, 2] + [1, 1]
+    assert [launch["BLOCK_K"] // launch["SUB_K"] for launch in row_launches] == [subtiles] * 6 + [2, 2] + [1, 1]
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_name)
@@ -230,25 +234,18 @@ def test_int4_tiles_of_two_groups_on_the_tensor_cores_are_exact(dtype, monkeypat
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_name)
-def test_one_row_that_starts_at_an_odd_element_is_exact(dtype, monkeypatch):
+def test_one_row_that_starts_at_an_odd_element_is_exact(dtype, row_launches):
     """The packed step reads 16-bit inputs two at a time, as int32 (`quant_half2.input_pairs`); a
     row that starts at an odd element of its buffer, which such a read would fault on a GPU, takes
     the fp32 loop and sums the same."""
-    packed_steps = []
-    kernel = quant_gemv._gemv_row_kernel
-
-    class Recorded:
-        def __getitem__(self, grid):
-            return lambda *args, **kwargs: packed_steps.append(kwargs["HALF2"]) or kernel[grid](*args, **kwargs)
-
-    monkeypatch.setattr(quant_gemv, "_gemv_row_kernel", Recorded())
     k, n = 256, 40
     args = to_device(exactly_summed("int4", k, n, dtype, 64, seed=5))
     buffer = grid_inputs(1, k + 1, dtype=dtype, seed=6).to(DEVICE)
     for x in (buffer[:, :k], buffer[:, 1:]):
         ref = int4_matmul_ref(x.double(), *as_fp64(args), None)
         assert torch.equal(int4_matmul(x, *args, None), ref.to(dtype))
-    assert packed_steps == [quant_gemv.packs(dtype, quant_gemv.launch_target(buffer.device)), False]
+    packs = quant_gemv.packs(dtype, quant_gemv.launch_target(buffer.device))
+    assert [launch["HALF2"] for launch in row_launches] == [packs, False]
 
 
 @pytest.mark.parametrize("method", ["int8", "int4"])
