@@ -139,9 +139,11 @@ if [ $DRY = 0 ] && [ ! -f "$MODEL_DIR/tokenizer.json" ]; then
 fi
 step 1 kernels 25 $PY -m minillm.cli bench kernels --models tiny --kernels torch triton --out "$OUTDIR/kernels.json"
 # The ragged kernel at other tilings too, the H100's own (64 x 64 on 4 warps) beside them, and with
-# deeper pipelines (a fourth field: stages; the launcher's 2).
+# deeper pipelines (a fourth field: stages; the launcher's 2). At 3 stages Triton reads the block table
+# a tile further ahead; only from 5 are the K/V tiles copied two tiles ahead (BENCHMARKS.md, "How the
+# loop waits"), in 3 buffers each: 64 x 64 then fills half an H100's shared memory, 64 x 32 a third.
 step 1 attention 30 $PY -m minillm.cli bench attention --tilings 64x32x4 64x32x8 64x64x8 128x64x8 32x32x4 \
-    128x64x4 128x32x4 128x128x8 64x64x4x3 64x64x4x4 128x64x8x3 --out "$OUTDIR/attention.json"
+    128x64x4 128x32x4 128x128x8 64x64x4x3 64x64x4x5 64x32x4x5 128x64x8x5 --out "$OUTDIR/attention.json"
 [ -z "$MODEL_PID" ] || wait $MODEL_PID || echo "writing the 1.1B model failed: model.log"
 # The roofline of the 1.1B model (its graphs' capture time and memory among it) and its launch count;
 # then batch-1 decode of a Llama-2-7B shape, graphed, its random weights made on the GPU (nothing read

@@ -114,9 +114,11 @@ _TILINGS = {90: [(64, 64, 4), (64, 32, 4), (32, 32, 4), (16, 16, 4)],
             75: [(64, 16, 8), (32, 16, 8), (16, 16, 4)]}
 
 
-# Tiles of K and V in flight while one is used (Triton's software pipeline): two on every GPU so far,
-# the shared memory that `shared_bytes_estimate` counts; `minillm bench attention --tilings MxNxWxS`
-# times others.
+# Triton's software-pipeline stages: at 2, the next tile's K and V are copied in while this one is used.
+# The gather through the block table takes stages of its own: a second tile in flight needs 5, and
+# three buffers each of K and V (BENCHMARKS.md, "Two tiles ahead takes five stages"). 2 on every GPU
+# so far, the shared memory that `shared_bytes_estimate` counts; `minillm bench attention --tilings
+# MxNxWxS` times others.
 STAGES = 2
 
 

@@ -18,7 +18,8 @@ threads through shared memory).
 
     python -m minillm.kernels.sass        # the int4 and int8 matmuls at 1 and 4 rows (the one-row
                                           # int4 loop also in fp32 and with bf16 inputs), and the
-                                          # ragged attention kernel's loop, on an H100
+                                          # ragged attention kernel's loop and how many tiles of
+                                          # K and V its pipeline keeps in flight, on an H100
 
 Triton's interpreter must be off (TRITON_INTERPRET unset), as for `aot.py`.
 """
@@ -143,9 +144,25 @@ def quant_matmul_costs(target: GPUSpec, rows: tuple[int, ...] = (1, 4), dtype: t
     return costs
 
 
-def prefill_attention_loop(target: GPUSpec) -> tuple[str, Counter]:
-    """(config, instructions by opcode) of the ragged attention kernel's loop over the tiles of keys
-    below the diagonal, for one 2,048-token fp16 prompt (32 query heads over 8 KV heads, head dim 128)."""
+def tiles_in_flight(ttgir: str) -> int:
+    """How many tiles ahead the first loop with a matrix multiply copies its operands in, read from
+    Triton's IR after software pipelining: the loop waits at its top for the oldest copies, leaving
+    `num` groups pending, and commits a group for each copy it issues (K, V, and the block table's
+    entries where those are copied too), so the copies it waits for were issued 1 + pending // groups
+    iterations before. 0: the loop's loads are not asynchronous."""
+    for body in re.findall(r"scf\.for [^\n]*\n(.*?)\n\s*scf\.yield", ttgir, re.S):
+        if not re.search(r"\b(tt\.dot|ttng\.warp_group_dot) ", body):
+            continue
+        wait = re.search(r"ttg\.async_wait .*?\{num = (\d+)", body)
+        groups = body.count("ttg.async_commit_group")
+        return 1 + int(wait.group(1)) // groups if wait and groups else 0
+    return 0
+
+
+def prefill_attention_loop(target: GPUSpec, stages: int | None = None) -> tuple[str, Counter, int]:
+    """(config, instructions by opcode, K/V tiles in flight) of the ragged attention kernel's loop
+    over the tiles of keys below the diagonal, for one 2,048-token fp16 prompt (32 query heads over 8
+    KV heads, head dim 128); stages: Triton's pipeline stages, where not the launcher's."""
     from minillm.kernels.paged_prefill import paged_prefill_attention
     from minillm.kernels.random_inputs import paged_batch
 
@@ -154,15 +171,16 @@ def prefill_attention_loop(target: GPUSpec) -> tuple[str, Counter]:
         paged_prefill_attention(torch.randn(2048, 32, 128).half(), k_cache, v_cache,
                                 torch.tensor([0, 2048], dtype=torch.int32), lens, tables, 0.1, max_query_len=2048)
     fn, args, kwargs = records[0]
-    launch = launch_of(fn, args, kwargs)
+    launch = launch_of(fn, args, {**kwargs, **({"num_stages": stages} if stages else {})})
     # The first loop with matrix multiplies (the binary search for the program's sequence is a loop
     # too): the keys below the diagonal; the diagonal's loop, with its masks, comes after it. Where
     # the compiler took no tensor cores (a T4's tiles), the longest loop.
     bodies = loop_bodies(machine_code(fn, launch, target)[0])
     unmasked = next((body for body in bodies if any("MMA" in op for op in body)), max(bodies, key=len))
     constexprs, options = dict(launch.constexprs), dict(launch.options)
-    config = f"BLOCK_M={constexprs['BLOCK_M']}, BLOCK_N={constexprs['BLOCK_N']}, num_warps={options['num_warps']}"
-    return config, Counter(unmasked)
+    config = (f"BLOCK_M={constexprs['BLOCK_M']}, BLOCK_N={constexprs['BLOCK_N']}, num_warps={options['num_warps']}, "
+              f"num_stages={options['num_stages']}")
+    return config, Counter(unmasked), tiles_in_flight(compiled_kernel(fn, launch, target).asm["ttgir"])
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -187,10 +205,12 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{method + label:<9} {rows:>4}  {cost.kernel:<17} {cost.instructions:>6} "
                   f"{cost.bytes_per_iteration:>6.0f} {cost.per_byte:>8.2f} {cost.issue_ceiling(target) / 1e12:>7.2f} "
                   f"TB/s {cost.registers:>5} {cost.mix['BAR']:>5}  {mix}  ({cost.config})")
-    config, mix = prefill_attention_loop(target)
+    config, mix, ahead = prefill_attention_loop(target)
     mma = sum(n for op, n in mix.items() if "MMA" in op)
     print(f"\nragged attention, a 2,048-token prompt, head dim 128 ({config}): {mix.total()} instructions a tile of "
           f"keys, {mma} of them matrix multiplies; {', '.join(f'{op} {n}' for op, n in mix.most_common(8))}")
+    # The gather through the block table takes pipeline stages of its own (BENCHMARKS.md).
+    print(f"K and V copied {ahead} tile(s) ahead; with 5 stages, {prefill_attention_loop(target, 5)[2]}")
 
 
 if __name__ == "__main__":
