@@ -117,7 +117,7 @@ def bench_attention(contexts=(4096, 8192, 16384, 32768), batch: int = 8, num_kv_
             tiling_rows.append({**row, "triton_ms": t_tiled * 1e3, "speed_vs_sdpa": t_sdpa / t_tiled,
                                 "max_abs_err": err})
     summary = {"device": torch.cuda.get_device_name(), "copy_GB_s": copy_bw / 1e9, "dtype": str(dtype),
-               "min_decode_fraction_of_copy_bw": min(r["of_copy_bw"] for r in decode_rows),
+               "min_decode_fraction_of_copy_bw": min((r["of_copy_bw"] for r in decode_rows), default=None),
                "prefill_speed_vs_sdpa_at_2048": next((r["speed_vs_sdpa"] for r in prefill_rows
                                                       if r["tokens"] == 2048), None),
                "tilings": tiling_rows}

@@ -159,10 +159,10 @@ def tiles_in_flight(ttgir: str) -> int:
     return 0
 
 
-def prefill_attention_loop(target: GPUSpec, stages: int | None = None) -> tuple[str, Counter, int]:
-    """(config, instructions by opcode, K/V tiles in flight) of the ragged attention kernel's loop
-    over the tiles of keys below the diagonal, for one 2,048-token fp16 prompt (32 query heads over 8
-    KV heads, head dim 128); stages: Triton's pipeline stages, where not the launcher's."""
+def _prefill_launch(target: GPUSpec, stages: int | None) -> tuple:
+    """(kernel, launch) of the ragged attention kernel for one 2,048-token fp16 prompt (32 query heads
+    over 8 KV heads, head dim 128) on the target; stages: Triton's pipeline stages, where not the
+    launcher's."""
     from minillm.kernels.paged_prefill import paged_prefill_attention
     from minillm.kernels.random_inputs import paged_batch
 
@@ -171,7 +171,20 @@ def prefill_attention_loop(target: GPUSpec, stages: int | None = None) -> tuple[
         paged_prefill_attention(torch.randn(2048, 32, 128).half(), k_cache, v_cache,
                                 torch.tensor([0, 2048], dtype=torch.int32), lens, tables, 0.1, max_query_len=2048)
     fn, args, kwargs = records[0]
-    launch = launch_of(fn, args, {**kwargs, **({"num_stages": stages} if stages else {})})
+    return fn, launch_of(fn, args, {**kwargs, **({"num_stages": stages} if stages else {})})
+
+
+def prefill_tiles_in_flight(target: GPUSpec, stages: int | None = None) -> int:
+    """How many tiles ahead the ragged attention kernel's loop copies K and V (`tiles_in_flight`),
+    compiled for the target; needs Triton's compiler only, not nvdisasm."""
+    fn, launch = _prefill_launch(target, stages)
+    return tiles_in_flight(compiled_kernel(fn, launch, target).asm["ttgir"])
+
+
+def prefill_attention_loop(target: GPUSpec, stages: int | None = None) -> tuple[str, Counter]:
+    """(config, instructions by opcode) of the ragged attention kernel's loop over the tiles of keys
+    below the diagonal (the launch of `_prefill_launch`)."""
+    fn, launch = _prefill_launch(target, stages)
     # The first loop with matrix multiplies (the binary search for the program's sequence is a loop
     # too): the keys below the diagonal; the diagonal's loop, with its masks, comes after it. Where
     # the compiler took no tensor cores (a T4's tiles), the longest loop.
@@ -180,7 +193,7 @@ def prefill_attention_loop(target: GPUSpec, stages: int | None = None) -> tuple[
     constexprs, options = dict(launch.constexprs), dict(launch.options)
     config = (f"BLOCK_M={constexprs['BLOCK_M']}, BLOCK_N={constexprs['BLOCK_N']}, num_warps={options['num_warps']}, "
               f"num_stages={options['num_stages']}")
-    return config, Counter(unmasked), tiles_in_flight(compiled_kernel(fn, launch, target).asm["ttgir"])
+    return config, Counter(unmasked)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -205,12 +218,13 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{method + label:<9} {rows:>4}  {cost.kernel:<17} {cost.instructions:>6} "
                   f"{cost.bytes_per_iteration:>6.0f} {cost.per_byte:>8.2f} {cost.issue_ceiling(target) / 1e12:>7.2f} "
                   f"TB/s {cost.registers:>5} {cost.mix['BAR']:>5}  {mix}  ({cost.config})")
-    config, mix, ahead = prefill_attention_loop(target)
+    config, mix = prefill_attention_loop(target)
     mma = sum(n for op, n in mix.items() if "MMA" in op)
     print(f"\nragged attention, a 2,048-token prompt, head dim 128 ({config}): {mix.total()} instructions a tile of "
           f"keys, {mma} of them matrix multiplies; {', '.join(f'{op} {n}' for op, n in mix.most_common(8))}")
     # The gather through the block table takes pipeline stages of its own (BENCHMARKS.md).
-    print(f"K and V copied {ahead} tile(s) ahead; with 5 stages, {prefill_attention_loop(target, 5)[2]}")
+    print(f"K and V copied {prefill_tiles_in_flight(target)} tile(s) ahead; with 5 stages, "
+          f"{prefill_tiles_in_flight(target, 5)}")
 
 
 if __name__ == "__main__":

@@ -191,3 +191,16 @@ def test_chapter_08_async_scheduling_gain_from_clean_runs():
 def test_chapter_08_async_scheduling_too_noisy_on_a_busy_machine():
     sentence = conclusions.overlap_gain(busy(1.0, seed=1), busy(1.0, seed=2), on_gpu=True)
     assert NOISY_NOTE in sentence and "faster" not in sentence and "slower" not in sentence
+
+
+# Chapter 03: the ragged prefill kernel at 5 pipeline stages against 2.
+
+def test_chapter_03_deeper_pipeline_from_clean_timings():
+    assert "faster, so on this GPU" in conclusions.deeper_pipeline(steady(0.150), steady(0.120))
+    assert "slower: the shared memory" in conclusions.deeper_pipeline(steady(0.150), steady(0.190))
+    assert "the same within 10%" in conclusions.deeper_pipeline(steady(0.150), steady(0.152))
+
+
+def test_chapter_03_deeper_pipeline_too_noisy_on_a_busy_machine():
+    sentence = conclusions.deeper_pipeline(busy(0.150, seed=3), busy(0.150, seed=4))
+    assert NOISY_NOTE in sentence and "faster" not in sentence and "slower" not in sentence

@@ -26,16 +26,15 @@ def costs() -> dict:
     script = textwrap.dedent("""
         import json
         import torch
-        from minillm.kernels.sass import prefill_attention_loop, quant_matmul_costs
+        from minillm.kernels.sass import prefill_attention_loop, prefill_tiles_in_flight, quant_matmul_costs
         from minillm.kernels.targets import TARGETS
 
         costs = {f"{method} {rows}": [cost.per_byte, dict(cost.mix), cost.registers]
                  for method, rows, cost in quant_matmul_costs(TARGETS[90])}
         (_, _, bf16), = quant_matmul_costs(TARGETS[90], (1,), torch.bfloat16, ("int4",))
         costs["int4 1 bf16"] = [bf16.per_byte, dict(bf16.mix), bf16.registers]
-        _, mix, ahead = prefill_attention_loop(TARGETS[90])
-        costs["attention"] = dict(mix)
-        costs["attention tiles in flight"] = [ahead, prefill_attention_loop(TARGETS[90], stages=5)[2]]
+        costs["attention"] = dict(prefill_attention_loop(TARGETS[90])[1])
+        costs["attention tiles in flight"] = [prefill_tiles_in_flight(TARGETS[90], stages) for stages in (None, 5)]
         print(json.dumps(costs))
     """)
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
