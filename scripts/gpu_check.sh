@@ -222,5 +222,8 @@ wheels_for 3 serve 35 && step 3 serve 35 env PYTHONPATH=$SITE $PY -m minillm.cli
 
 [ $DRY = 1 ] || $PY -m minillm.bench.targets "$OUTDIR" >>"$SUMMARY" 2>"$OUTDIR/targets.log" \
     || echo "the targets table failed: targets.log"
+# The sweeps' fastest variants against the shipped launches (attention tilings, quantized matmuls).
+[ $DRY = 1 ] || $PY -m minillm.bench.sweep_choices "$OUTDIR" >>"$SUMMARY" 2>"$OUTDIR/sweep_choices.log" \
+    || echo "the sweeps' choices failed: sweep_choices.log"
 echo
 cat "$SUMMARY"
