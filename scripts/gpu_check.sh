@@ -140,8 +140,9 @@ fi
 step 1 kernels 25 $PY -m minillm.cli bench kernels --models tiny --kernels torch triton --out "$OUTDIR/kernels.json"
 # The ragged kernel at other tilings too, the H100's own (64 x 64 on 4 warps) beside them, and with
 # deeper pipelines (a fourth field: stages; the launcher's 2). At 3 stages Triton reads the block table
-# a tile further ahead; only from 5 are the K/V tiles copied two tiles ahead (BENCHMARKS.md, "How the
-# loop waits"), in 3 buffers each: 64 x 64 then fills half an H100's shared memory, 64 x 32 a third.
+# a tile further ahead; only from 5 are the K/V tiles copied two tiles ahead (BENCHMARKS.md, "Two tiles
+# ahead takes five stages"), in 3 buffers each: 64 x 64 then fills half an H100's shared memory, 64 x 32
+# under a third.
 step 1 attention 30 $PY -m minillm.cli bench attention --tilings 64x32x4 64x32x8 64x64x8 128x64x8 32x32x4 \
     128x64x4 128x32x4 128x128x8 64x64x4x3 64x64x4x5 64x32x4x5 128x64x8x5 --out "$OUTDIR/attention.json"
 [ -z "$MODEL_PID" ] || wait $MODEL_PID || echo "writing the 1.1B model failed: model.log"

@@ -111,15 +111,15 @@ def _speed_compared(gain: Estimate, said: str, faster: str, slower: str, same: s
 
 def deeper_pipeline(two_stage_ms: Sequence[float], five_stage_ms: Sequence[float]) -> str:
     """Chapter 03: the ragged prefill kernel at 5 pipeline stages against the launcher's 2, from the
-    milliseconds of each, timed in turn. Five keep a second tile of K and V in flight, in shared
-    memory that fewer programs per multiprocessor then share."""
+    milliseconds of each, timed in turn. Five keep a second tile of K and V in flight, in buffers of
+    shared memory that may leave room for fewer programs per multiprocessor."""
     gain = estimate(two_stage_ms) / estimate(five_stage_ms)
     return _speed_compared(
         gain, f"at 5 stages the kernel ran at {gain.factor()} its speed at 2",
         "faster, so on this GPU the copies' latency, not the programs sharing a multiprocessor, was what held "
         "the loop back",
-        "slower: the shared memory of the extra buffers leaves fewer programs per multiprocessor to switch "
-        "between, which costs more here than the deeper pipeline saves",
+        "slower: the extra buffers and their bookkeeping (and, on a GPU with less shared memory than an "
+        "H100, fewer programs per multiprocessor) cost more here than the deeper pipeline saves",
         f"the same within {SAME_WITHIN - 1:.0%}: the wait for the copies is not what bounds it here")
 
 

@@ -35,11 +35,15 @@ import tempfile
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
-from minillm.kernels.aot import compiled_kernel, launch_of, record_launches
+from minillm.kernels.aot import Launch, compiled_kernel, launch_of, record_launches
 from minillm.kernels.targets import TARGETS, GPUSpec, aot_target
+
+if TYPE_CHECKING:
+    from triton.runtime.jit import JITFunction
 
 ISSUE_PER_CLOCK = 4 * 32  # lane-instructions an SM issues a clock: 4 schedulers, one warp instruction each
 _INSTRUCTION = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[T\d]+\s+)?([A-Z][A-Z0-9_]*)")
@@ -144,13 +148,36 @@ def quant_matmul_costs(target: GPUSpec, rows: tuple[int, ...] = (1, 4), dtype: t
     return costs
 
 
+def loop_bodies_ir(ttgir: str) -> list[str]:
+    """The `scf.for` loops of Triton's IR in the order they open, each as its own operations: the
+    lines of the regions nested in it (`scf.if`, a reduction's combiner) count as its own, those of
+    a loop nested in it as that loop's."""
+    bodies: list[list[str]] = []
+    frames: list[int | None] = []  # per open region: the loop's index in bodies, None for other regions
+    for line in ttgir.splitlines():
+        text = line.strip()
+        if text.startswith("}") and frames:
+            frames.pop()
+        if text.endswith("{"):
+            opens_loop = "scf.for " in text and not text.startswith("}")
+            if opens_loop:
+                bodies.append([])
+            frames.append(len(bodies) - 1 if opens_loop else None)
+        elif not text.startswith("}"):
+            loop = next((index for index in reversed(frames) if index is not None), None)
+            if loop is not None:
+                bodies[loop].append(text)
+    return ["\n".join(body) for body in bodies]
+
+
 def tiles_in_flight(ttgir: str) -> int:
-    """How many tiles ahead the first loop with a matrix multiply copies its operands in, read from
-    Triton's IR after software pipelining: the loop waits at its top for the oldest copies, leaving
-    `num` groups pending, and commits a group for each copy it issues (K, V, and the block table's
-    entries where those are copied too), so the copies it waits for were issued 1 + pending // groups
-    iterations before. 0: the loop's loads are not asynchronous."""
-    for body in re.findall(r"scf\.for [^\n]*\n(.*?)\n\s*scf\.yield", ttgir, re.S):
+    """How many tiles ahead the first loop with a matrix multiply of its own copies its operands in,
+    read from Triton's IR after software pipelining: the loop waits at its top for the oldest copies,
+    leaving `num` groups pending, and commits a group for each copy it issues (K, V, and the block
+    table's entries where those are copied too), so the copies it waits for were issued at least
+    1 + pending // groups iterations before. 0: the loop's loads are not asynchronous (so on every
+    GPU before sm_80, where Triton issues no asynchronous copies)."""
+    for body in loop_bodies_ir(ttgir):
         if not re.search(r"\b(tt\.dot|ttng\.warp_group_dot) ", body):
             continue
         wait = re.search(r"ttg\.async_wait .*?\{num = (\d+)", body)
@@ -159,7 +186,7 @@ def tiles_in_flight(ttgir: str) -> int:
     return 0
 
 
-def _prefill_launch(target: GPUSpec, stages: int | None) -> tuple:
+def _prefill_launch(target: GPUSpec, stages: int | None) -> tuple[JITFunction, Launch]:
     """(kernel, launch) of the ragged attention kernel for one 2,048-token fp16 prompt (32 query heads
     over 8 KV heads, head dim 128) on the target; stages: Triton's pipeline stages, where not the
     launcher's."""
@@ -223,8 +250,11 @@ def main(argv: list[str] | None = None) -> None:
     print(f"\nragged attention, a 2,048-token prompt, head dim 128 ({config}): {mix.total()} instructions a tile of "
           f"keys, {mma} of them matrix multiplies; {', '.join(f'{op} {n}' for op, n in mix.most_common(8))}")
     # The gather through the block table takes pipeline stages of its own (BENCHMARKS.md).
-    print(f"K and V copied {prefill_tiles_in_flight(target)} tile(s) ahead; with 5 stages, "
-          f"{prefill_tiles_in_flight(target, 5)}")
+    if target.capability < 80:
+        print("K and V are loaded, not copied ahead: Triton issues no asynchronous copies before sm_80")
+    else:
+        print(f"K and V copied {prefill_tiles_in_flight(target)} tile(s) ahead; with 5 stages, "
+              f"{prefill_tiles_in_flight(target, 5)}")
 
 
 if __name__ == "__main__":

@@ -18,11 +18,11 @@ pytest.importorskip("triton")
 
 from minillm.kernels.sass import hot_loop, nvdisasm, tiles_in_flight  # noqa: E402
 
-pytestmark = pytest.mark.skipif(not nvdisasm().is_file(), reason="this triton ships no nvdisasm")
-
 
 @pytest.fixture(scope="module")
 def costs() -> dict:
+    if not nvdisasm().is_file():
+        pytest.skip("this triton ships no nvdisasm")
     script = textwrap.dedent("""
         import json
         import torch
@@ -102,17 +102,23 @@ def test_the_hot_loop_is_the_longest_body_a_branch_closes():
     assert hot_loop(sass) == ["FFMA", "LOP3", "BRA"]
 
 
-def test_tiles_in_flight_reads_the_first_loop_with_a_matrix_multiply():
-    def loop(*body: str) -> str:
-        lines = "\n".join(f"      {line}" for line in body)
-        return f"    %r = scf.for %i = %c0 to %n step %c64 iter_args(%a = %x) {{\n{lines}\n      scf.yield %a\n    }}\n"
+def test_tiles_in_flight_reads_the_first_loop_with_a_matrix_multiply_of_its_own():
+    def loop(*body: str, outer: bool = False) -> str:
+        lines = "\n".join(f"  {line}" for line in "\n".join(body).splitlines())
+        # A loop that carries no value prints no scf.yield; an scf.if's region closes with one.
+        end = "" if outer else "\n  scf.yield %a"
+        return f"%r = scf.for %i = %c0 to %n step %c64 iter_args(%a = %x) {{\n{lines}{end}\n}}"
 
     search = loop("%m = tt.load %p : !tt.ptr<i32>")  # the binary search: no dot, not counted
     copies = [op for i in range(3) for op in (f"%c{i} = ttg.async_copy_global_to_local %p{i}",
                                               f"%g{i} = ttg.async_commit_group tokens %c{i}")]
     two_ahead = loop("%w = ttg.async_wait %t0, %t1, %t2 {num = 3 : i32}", "%s = ttng.warp_group_dot %q, %k, %z",
-                     *copies)
+                     "%y = scf.if %b -> (i32) {", "  scf.yield %u", "} else {", "  scf.yield %v", "}", *copies)
     one_ahead = loop("%w = ttg.async_wait %t0, %t1, %t2 {num = 0 : i32}", "%s = tt.dot %q, %k, %z", *copies)
-    assert tiles_in_flight(search + two_ahead + one_ahead) == 2
-    assert tiles_in_flight(search + one_ahead + two_ahead) == 1
-    assert tiles_in_flight(search + loop("%k = tt.load %p", "%s = tt.dot %q, %k, %z")) == 0  # nothing asynchronous
+    assert tiles_in_flight("\n".join([search, two_ahead, one_ahead])) == 2
+    assert tiles_in_flight("\n".join([search, one_ahead, two_ahead])) == 1
+    assert tiles_in_flight("\n".join([search, loop("%k = tt.load %p", "%s = tt.dot %q, %k, %z")])) == 0  # not async
+    # A persistent kernel: the outer loop's prologue commits copies, the inner loop with the dot
+    # (two ahead) is the one read, whatever the outer loop around it holds.
+    persistent = loop(*copies, *copies, two_ahead, "tt.store %o, %s", outer=True)
+    assert tiles_in_flight(persistent) == 2
