@@ -65,6 +65,20 @@ def test_the_tiles_of_each_gpu_compute_the_same(capability):
     assert relative_error(out, ref) < 2e-3
 
 
+@pytest.mark.skipif(DEVICE == "cpu", reason="the interpreter runs no software pipeline: stages change nothing there")
+@pytest.mark.parametrize("stages", [3, 5])
+def test_deeper_pipelines_compute_the_same(stages, monkeypatch):
+    """The pipelines the GPU check times (`bench attention --tilings MxNxWxS`), exact on the GPU before
+    one becomes the launcher's: more stages are another schedule of the same loop, compiled anew."""
+    monkeypatch.setattr(paged_prefill, "STAGES", stages)
+    # The whole mix in a prompt's tiles, then decodes and a verification in the small ones.
+    for mix, max_query_len in ((MIX, 40), (MIX[:3], 5)):
+        q, k_cache, v_cache, cu, lens, tables = ragged_batch(mix, 4, 128, 16, torch.float16, stages)
+        out = paged_prefill_attention(q, k_cache, v_cache, cu, lens, tables, 0.1, max_query_len=max_query_len)
+        ref = paged_prefill_attention_ref(q.float(), k_cache.float(), v_cache.float(), cu, lens, tables, 0.1)
+        assert relative_error(out, ref) < 2e-3, max_query_len
+
+
 def test_the_int8_cache_in_a_ragged_mix():
     q, k_cache, v_cache, cu, lens, tables = ragged_batch(MIX, 4, 64, 16, torch.float32, 5)
     k_q, v_q = (cache.mul(40).round().clamp(-127, 127).to(torch.int8) for cache in (k_cache, v_cache))
