@@ -58,15 +58,18 @@ class LLM:
         """Run every prompt to completion, all batched together; outputs in the prompts' order."""
         if isinstance(prompts, (str, dict)):
             prompts = [prompts]
+        if not isinstance(prompts, (list, tuple)):
+            raise TypeError(f"prompts must be a prompt or a list of them, got {type(prompts).__name__}")
         params = _per_prompt(sampling_params, len(prompts))
         engine = self.llm_engine
         processed = []
         for prompt, p in zip(prompts, params):  # reject bad input before anything is queued
             text, token_ids = engine.process_prompt(prompt)
             engine.check_params(p)
-            processed.append({"prompt": text, "prompt_token_ids": token_ids})  # tokenized once
-        ids = [self._add(prompt, dataclasses.replace(p, output_kind=RequestOutputKind.FINAL_ONLY))
-               for prompt, p in zip(processed, params)]
+            # tokenized once; replace() checks every field again, so it too runs before anything is queued
+            processed.append(({"prompt": text, "prompt_token_ids": token_ids},
+                              dataclasses.replace(p, output_kind=RequestOutputKind.FINAL_ONLY)))
+        ids = [self._add(prompt, p) for prompt, p in processed]
         pending, finished = set(ids), {}
         # disable is only passed to switch the bar off: passing False would override TQDM_DISABLE.
         quiet = {} if use_tqdm else {"disable": True}
@@ -110,6 +113,9 @@ def _per_prompt(sampling_params, n: int) -> list[SamplingParams]:
         return [SamplingParams()] * n
     if isinstance(sampling_params, SamplingParams):
         return [sampling_params] * n
+    if not isinstance(sampling_params, (list, tuple)):
+        raise TypeError(f"sampling_params must be SamplingParams or a list of them, got "
+                        f"{type(sampling_params).__name__}")
     params = list(sampling_params)
     if len(params) != n:
         raise ValueError(f"sampling_params must be one SamplingParams or one per prompt ({n}), got {len(params)}")

@@ -25,6 +25,9 @@ MAX_PENALTY = 2.0  # presence and frequency penalties, OpenAI's and vLLM's range
 # A repetition penalty divides or multiplies logits: bounded so that a logit stays finite (vLLM only asks > 0).
 MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY = 0.01, 100.0
 SMALLEST_POSITIVE = math.ulp(0.0)  # x >= it is x > 0, for floats and ints alike
+# Stop strings and stop token ids, each: every step of the request scans them, and with it every
+# request sharing the step waits (far past what any use needs).
+MAX_STOPS = 1024
 
 
 class RequestOutputKind(enum.Enum):
@@ -57,6 +60,11 @@ class SamplingParams:
     stop_strings: list[str] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
+        self.verify()
+
+    def verify(self) -> None:
+        """Check every field and normalize it: at construction, and again by the engine before a request
+        is queued (`LLMEngine.check_params`), since a field may have been set since."""
         # Every number is bounded to what the sampler's tensors and torch.Generator hold: a value past
         # them would fail the step it is sampled in, and with it every request sharing that step.
         _number("temperature", self.temperature, 0, FLOAT32_MAX, f"finite and in [0, {FLOAT32_MAX}] (0 means greedy)")
@@ -77,11 +85,16 @@ class SamplingParams:
         for name in ("logprobs", "prompt_logprobs"):
             if getattr(self, name) is not None:
                 _integer(name, getattr(self, name), 0, MAX_LOGPROBS)
-        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        for name in ("ignore_eos", "skip_special_tokens", "include_stop_str_in_output"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be a bool, got {type(getattr(self, name)).__name__}")
+        if not isinstance(self.output_kind, RequestOutputKind):
+            raise TypeError(f"output_kind must be a RequestOutputKind, got {self.output_kind!r:.40}")
+        stops = [self.stop] if isinstance(self.stop, str) else _listed("stop", self.stop)
         if not all(isinstance(s, str) and s for s in stops):
-            raise ValueError(f"stop must be a non-empty string or a list of them, got {self.stop!r}")
+            raise ValueError(f"stop must be a non-empty string or a list of them, got {self.stop!r:.80}")
         self.stop_strings = stops
-        ids = list(self.stop_token_ids or [])
+        ids = _listed("stop_token_ids", self.stop_token_ids)
         if not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i <= MAX_INT32 for i in ids):
             raise ValueError(f"stop_token_ids must be token ids in [0, {MAX_INT32}], got {self.stop_token_ids!r:.80}")
         self.stop_token_ids = ids
@@ -98,6 +111,15 @@ class SamplingParams:
     @property
     def has_penalties(self) -> bool:
         return self.presence_penalty != 0 or self.frequency_penalty != 0 or self.repetition_penalty != 1
+
+
+def _listed(name: str, value) -> list:
+    """A list or tuple (None: empty) of at most MAX_STOPS entries, as a new list."""
+    if value is not None and not isinstance(value, (list, tuple)):
+        raise TypeError(f"{name} must be a list, got {type(value).__name__} {value!r:.40}")
+    if value is not None and len(value) > MAX_STOPS:
+        raise ValueError(f"{name} must have at most {MAX_STOPS} entries, got {len(value)}")
+    return list(value or [])
 
 
 def _number(name: str, value, low: float, high: float, accepted: str) -> None:

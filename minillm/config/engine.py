@@ -18,6 +18,7 @@ import torch
 from minillm.config.model import ModelConfig
 from minillm.config.speculative import SpeculativeConfig
 from minillm.quant import INT4_GROUP_SIZES, QUANTIZATION_METHODS
+from minillm.sampling_params import MAX_SEED, MIN_SEED
 from minillm.utils.validation import check_bool, check_choice, check_int, check_number
 
 KV_CACHE_MODES = ("paged", "contiguous", "none")
@@ -55,7 +56,7 @@ class ModelSettings:
         if self.quantization == "int4":
             check_choice("quant_group_size", self.quant_group_size, INT4_GROUP_SIZES)
         check_bool("skip_tokenizer_init", self.skip_tokenizer_init)
-        check_int("seed", self.seed)
+        check_int("seed", self.seed, MIN_SEED, MAX_SEED)  # what torch.Generator.manual_seed takes
 
 
 @dataclass

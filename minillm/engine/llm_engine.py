@@ -260,6 +260,10 @@ class LLMEngine:
             if not isinstance(text, str):
                 raise ValueError("prompt must be a string, {'prompt': str} or {'prompt_token_ids': [int, ...]}, "
                                  f"got {type(prompt).__name__}")
+            try:
+                text.encode()
+            except UnicodeEncodeError as e:
+                raise ValueError(f"prompt must be valid Unicode text: it holds a lone surrogate at {e.start}") from None
             if self.tokenizer is None:
                 raise ValueError("prompt must be {'prompt_token_ids': [...]} when skip_tokenizer_init=True")
             ids = self.tokenizer(text, add_special_tokens=True)["input_ids"]
@@ -276,6 +280,7 @@ class LLMEngine:
     def check_params(self, params: SamplingParams) -> None:
         if not isinstance(params, SamplingParams):
             raise TypeError(f"sampling_params must be SamplingParams, got {type(params).__name__}")
+        params.verify()
         if params.stop_strings and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer; with skip_tokenizer_init=True use stop_token_ids")
         for name in ("logprobs", "prompt_logprobs"):

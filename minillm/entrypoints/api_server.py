@@ -63,6 +63,8 @@ def build_app(engine: AsyncLLM, served_model_name: str | None = None, api_key: s
     request body taken, 413 past it; allowed_*, allow_credentials: the CORS policy for browsers, with
     vLLM's defaults (any origin, no credentials)."""
     model = served_model_name or engine.model_name
+    if chat_template is not None:
+        serving_chat.check_template(engine.get_tokenizer(), chat_template)
     app = FastAPI(title="minillm", version="0")
     app.add_middleware(ServerGuard, max_body_bytes=max_body_bytes, api_key=api_key)
     # Outermost, so that a browser's preflight is answered before the API key is asked for, and the
@@ -79,7 +81,9 @@ def build_app(engine: AsyncLLM, served_model_name: str | None = None, api_key: s
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, e: StarletteHTTPException) -> JSONResponse:
         # FastAPI's own answers (no such route, a wrong method, a body it cannot decode) in OpenAI's shape too.
-        message = {400: "the body could not be read as JSON (it must be UTF-8)", 404: f"no route {request.url.path}",
+        message = {400: "the body could not be read as JSON: it must be UTF-8, its integers at most 4,300 digits "
+                        "long and its nesting within what Python's parser follows",
+                   404: f"no route {request.url.path}",
                    405: f"{request.url.path} does not take {request.method}"}
         reply = error(e.status_code, message.get(e.status_code, str(e.detail)))
         reply.headers.update(e.headers or {})  # a 405's Allow: the methods the path takes

@@ -23,7 +23,11 @@ class BackgroundServer:
                  served_model_name: str | None = None, chat_template: str | None = None,
                  max_body_bytes: int = MAX_BODY_BYTES, **engine_args) -> None:
         self.engine = AsyncLLM(model, **engine_args)
-        app = build_app(self.engine, served_model_name, api_key, chat_template, max_body_bytes)
+        try:
+            app = build_app(self.engine, served_model_name, api_key, chat_template, max_body_bytes)
+        except Exception:  # a chat template that does not parse: no server, and no engine thread left behind
+            self.engine.shutdown()
+            raise
         # The socket is bound here, so the port is known (and taken) before the thread starts.
         self._socket = socket.create_server((host, port))
         self.host, self.port = self._socket.getsockname()[:2]

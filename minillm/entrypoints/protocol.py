@@ -150,8 +150,10 @@ class SamplingRequest(Request):
         """ValueError naming the first field asking for what minillm does not implement."""
         for name, value in (self.model_extra or {}).items():
             neutral = UNSUPPORTED.get(name)
-            if neutral is not None and value is not None and value not in neutral and not (
-                    name == "best_of" and value == self.n):
+            # Compared with their types: true == 1 and 1.0 == 1 in Python, not in the request's strict types.
+            asks_nothing = any(type(value) is type(v) and value == v for v in neutral or ()) or (
+                name == "best_of" and type(value) is int and value == self.n)
+            if neutral is not None and value is not None and not asks_nothing:
                 raise ValueError(f"{name} is not supported by minillm (got {value!r:.60}); leave it out")
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options is only allowed with stream: true")

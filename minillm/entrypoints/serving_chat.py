@@ -5,11 +5,28 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
+import jinja2
+
 from minillm.async_llm import AsyncLLM
 from minillm.entrypoints.prompt_logprobs import prompt_logprobs_body
 from minillm.entrypoints.protocol import ChatCompletionRequest
 from minillm.entrypoints.serving_engine import Indexed, Prepared, collect, deltas, now, prepare, usage
 from minillm.outputs import CompletionOutput, Logprob
+
+
+def check_template(tokenizer, chat_template: str) -> None:
+    """ValueError where the server's --chat-template does not parse: found when the server starts,
+    not at its first chat. Rendered once with a one-message conversation; what a template refuses
+    at render time (roles that must alternate, ...) depends on the messages, so only its syntax is
+    judged here."""
+    if tokenizer is None:
+        return
+    try:
+        tokenizer.apply_chat_template([{"role": "user", "content": "x"}], chat_template=chat_template, tokenize=False)
+    except jinja2.TemplateSyntaxError as e:
+        raise ValueError(f"chat_template does not parse: {e} (line {e.lineno})") from None
+    except jinja2.TemplateError:
+        pass
 
 
 def render(tokenizer, request: ChatCompletionRequest, chat_template: str | None) -> dict:
@@ -19,8 +36,11 @@ def render(tokenizer, request: ChatCompletionRequest, chat_template: str | None)
     if chat_template is None and not getattr(tokenizer, "chat_template", None):
         raise ValueError("this model's tokenizer has no chat template: use /v1/completions, or start "
                          "the server with --chat-template FILE")
-    text = tokenizer.apply_chat_template(request.conversation(), chat_template=chat_template, tokenize=False,
-                                         add_generation_prompt=request.add_generation_prompt)
+    try:
+        text = tokenizer.apply_chat_template(request.conversation(), chat_template=chat_template, tokenize=False,
+                                             add_generation_prompt=request.add_generation_prompt)
+    except jinja2.TemplateError as e:  # the template's own verdict on the messages (roles must alternate, ...)
+        raise ValueError(f"messages: the chat template refused them: {e}") from None
     return {"prompt": text, "prompt_token_ids": tokenizer(text, add_special_tokens=False)["input_ids"]}
 
 

@@ -20,6 +20,9 @@ from minillm.outputs import RequestOutput
 from minillm.sampling_params import SamplingParams
 
 Indexed = tuple[int, RequestOutput]  # (choice index, output)
+# Completions one HTTP request may ask for, prompts times n, each a request in the engine: OpenAI's
+# own bound on the prompts of one request. A few bytes of body must not queue tens of thousands.
+MAX_COMPLETIONS = 2048
 
 
 def random_id(prefix: str) -> str:
@@ -44,6 +47,9 @@ def prepare(engine: AsyncLLM, prompts: list[dict], params: Callable[[int], Sampl
     """Tokenizes each prompt once for its n choices and checks everything: ValueError when anything is
     invalid, before anything is queued. It takes time that grows with the prompt, so the server runs it
     off the event loop (in a thread; the tokenizer releases the GIL)."""
+    if len(prompts) * n > MAX_COMPLETIONS:
+        raise ValueError(f"prompt and n ask for {len(prompts)} x {n} = {len(prompts) * n} completions; a request "
+                         f"may ask for at most {MAX_COMPLETIONS} (send the rest in other requests)")
     choice_params = [params(j) for j in range(n)]
     tokenized = []
     for prompt in prompts:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import inspect
 import json
+import math
 import shutil
 import textwrap
 
@@ -173,6 +174,32 @@ def test_bad_prompts_are_refused_and_the_engine_keeps_serving(tiny_llm, greedy_o
     assert again.outputs[0].token_ids == greedy_outputs[0].outputs[0].token_ids
 
 
+def test_parameters_changed_after_construction_are_refused_before_anything_is_queued(tiny_llm, greedy_outputs):
+    bad = SamplingParams(max_tokens=4)
+    bad.temperature = math.nan  # past __post_init__'s checks
+    with pytest.raises(ValueError, match="temperature must be finite"):
+        tiny_llm.generate(PROMPTS[:2], [GREEDY, bad], use_tqdm=False)
+    assert_engine_idle(tiny_llm)  # the first prompt, whose parameters were good, was not queued either
+    again = tiny_llm.generate(PROMPTS[0], GREEDY, use_tqdm=False)[0]
+    assert again.outputs[0].token_ids == greedy_outputs[0].outputs[0].token_ids
+
+
+@pytest.mark.parametrize("prompts, params, message", [
+    (5, None, "prompts must be a prompt or a list of them, got int"),
+    (None, None, "prompts must be a prompt or a list of them, got NoneType"),
+    ("hi", {"temperature": 0}, "sampling_params must be SamplingParams or a list of them, got dict"),
+])
+def test_arguments_of_the_wrong_type_name_themselves(tiny_llm, prompts, params, message):
+    with pytest.raises(TypeError, match=message):
+        tiny_llm.generate(prompts, params, use_tqdm=False)
+
+
+def test_a_prompt_with_a_lone_surrogate_is_refused(tiny_llm):
+    with pytest.raises(ValueError, match="prompt must be valid Unicode text: it holds a lone surrogate at 0"):
+        tiny_llm.generate("\ud800abc", GREEDY, use_tqdm=False)
+    assert_engine_idle(tiny_llm)
+
+
 def test_bad_engine_arguments_name_the_argument():
     with pytest.raises(ValueError, match="kv_cache must be one of"):
         LLM("tiny", kv_cache="paged-ish")
@@ -186,6 +213,8 @@ def test_bad_engine_arguments_name_the_argument():
         LLM("tiny", scheduling_policy="priority")
     with pytest.raises(ValueError, match="sampling_params must be one SamplingParams or one per prompt"):
         LLM("tiny").generate(PROMPTS, [GREEDY], use_tqdm=False)
+    with pytest.raises(ValueError, match=r"seed must be an integer in \[-9223372036854775808, 18446744073709551615\]"):
+        LLM("tiny", seed=2**70)  # refused before the model loads, not by torch.Generator after
 
 
 def test_max_model_len_caps_generation(tiny_llm):

@@ -153,6 +153,8 @@ def test_logprobs_are_raw_with_ranks():
     (dict(stop_token_ids=[-1]), r"stop_token_ids must be token ids in \[0, 2147483647\]"),
     (dict(stop_token_ids=[2**63]), r"stop_token_ids must be token ids in \[0, 2147483647\]"),
     (dict(stop_token_ids=[True]), r"stop_token_ids must be token ids in \[0, 2147483647\]"),
+    (dict(stop=["x"] * 1025), "stop must have at most 1024 entries, got 1025"),
+    (dict(stop_token_ids=list(range(1025))), "stop_token_ids must have at most 1024 entries, got 1025"),
 ])
 def test_bad_sampling_params_name_the_argument(kwargs, message):
     with pytest.raises(ValueError, match=message):
@@ -166,6 +168,26 @@ def test_wrong_types_are_type_errors():
         SamplingParams(temperature=None)
     with pytest.raises(TypeError, match="seed must be an integer"):
         SamplingParams(seed=1.5)
+    with pytest.raises(TypeError, match="stop_token_ids must be a list, got int"):
+        SamplingParams(stop_token_ids=5)
+    with pytest.raises(TypeError, match="stop must be a list, got int"):
+        SamplingParams(stop=5)
+    for name in ("ignore_eos", "skip_special_tokens", "include_stop_str_in_output"):
+        with pytest.raises(TypeError, match=f"{name} must be a bool, got str"):
+            SamplingParams(**{name: "no"})  # truthy: it would have switched the behaviour on
+    with pytest.raises(TypeError, match="output_kind must be a RequestOutputKind"):
+        SamplingParams(output_kind="x")
+
+
+def test_fields_set_after_construction_are_checked_again_by_the_engine():
+    params = SamplingParams(max_tokens=3)
+    params.temperature = math.nan
+    with pytest.raises(ValueError, match="temperature must be finite"):
+        params.verify()
+    params = SamplingParams(max_tokens=3)
+    params.stop_token_ids = None  # normalized again, as at construction
+    params.verify()
+    assert params.stop_token_ids == []
 
 
 def test_the_largest_accepted_values_sample():

@@ -77,9 +77,15 @@ def test_a_request_whose_sampling_tensors_cannot_be_built_fails_alone():
     bad = SamplingParams(temperature=1.0, max_tokens=4)
     bad.top_k = 2**63  # set after validation: no value of one request may stop the engine loop
 
+    unlisted = SamplingParams(max_tokens=4)
+    unlisted.stop_token_ids = 7  # the output processor's `in` would raise inside the engine loop
+
     async def main():
         with pytest.raises(ValueError, match="top_k"):
             async for _ in engine.generate(PROMPTS[0], bad, "bad"):
+                pass
+        with pytest.raises(TypeError, match="stop_token_ids must be a list, got int"):
+            async for _ in engine.generate(PROMPTS[0], unlisted, "unlisted"):
                 pass
         return [out async for out in engine.generate(PROMPTS[1], SamplingParams(max_tokens=4), "ok")], engine.errored
 

@@ -52,6 +52,12 @@ def assert_still_serving(server: BackgroundServer) -> None:
     ("/chat/completions", {"messages": MESSAGES, "max_completion_tokens": 1000}, "max_tokens"),
     ("/chat/completions", '{"messages": [{"role": "user", "content": "x"}], "temperature": -Infinity}',
      "temperature"),
+    # a few kilobytes that would queue 16,000 requests, or scan 1,025 stops at every step of every choice
+    ("/completions", {"prompt": ["x"] * 1000, "n": 16, "max_tokens": 1}, "prompt and n ask for 1000 x 16"),
+    ("/completions", {"prompt": "x", "max_tokens": 3, "stop": ["s"] * 1025}, "stop must have at most 1024"),
+    ("/completions", {"prompt": "x", "max_tokens": 3, "stop_token_ids": list(range(1025))},
+     "stop_token_ids must have at most 1024"),
+    ("/completions", '{"prompt": "x", "max_tokens": 1' + "0" * 5000 + "}", "integers at most 4,300 digits"),
 ])
 def test_extreme_values_get_a_400_naming_the_field(server, route, body, words):
     reply = post(server, route, body)
@@ -69,6 +75,7 @@ def test_extreme_values_get_a_400_naming_the_field(server, route, body, words):
      "response_format is not supported"),
     ("/completions", {"prompt": "x", "logit_bias": {"5": 100}}, "logit_bias is not supported"),
     ("/completions", {"prompt": "x", "best_of": 3}, "best_of is not supported"),
+    ("/completions", {"prompt": "x", "best_of": True}, "best_of is not supported"),  # not 1, whatever Python says
     ("/completions", {"prompt": "x", "suffix": "end"}, "suffix is not supported"),
     ("/chat/completions", {"messages": MESSAGES, "top_logprobs": 2}, "top_logprobs needs logprobs"),
     ("/completions", {"prompt": "x", "stream_options": {"include_usage": True}}, "stream_options is only allowed"),
@@ -87,6 +94,27 @@ def test_the_values_that_ask_for_nothing_are_served(server):
     reply = post(server, "/chat/completions", {"messages": MESSAGES, "max_tokens": 2, **neutral})
     assert reply.status_code == 200, reply.text
     assert reply.json()["usage"]["completion_tokens"] == 2
+
+
+@pytest.mark.parametrize("template, words", [
+    ("{{ raise_exception('roles must alternate') }}", "roles must alternate"),  # what real templates raise
+    ("{{ messages[0].missing.deeper }}", "has no attribute 'missing'"),
+])
+def test_a_chat_template_that_refuses_the_messages_gets_a_400(template, words):
+    with BackgroundServer("tiny", chat_template=template, **ENGINE) as templated:
+        for reply in (post(templated, "/chat/completions", {"messages": MESSAGES, "max_tokens": 2}),
+                      httpx.post(templated.url + "/tokenize", json={"messages": MESSAGES}, timeout=30)):
+            assert reply.status_code == 400, reply.text
+            error = reply.json()["error"]
+            assert error["message"].startswith("messages: the chat template refused them") and words in error[
+                "message"], error
+        ok = post(templated, "/completions", {"prompt": "x", "max_tokens": 2})
+        assert ok.status_code == 200
+
+
+def test_a_chat_template_that_does_not_parse_stops_the_server_starting():
+    with pytest.raises(ValueError, match="chat_template does not parse: Expected an expression"):
+        BackgroundServer("tiny", chat_template="{% if %}", **ENGINE)
 
 
 def test_a_prompt_and_max_tokens_past_the_context_name_both_lengths(server):
