@@ -28,8 +28,8 @@ def attention_choices(payload: dict) -> list[dict]:
         timed = [r for r in payload["summary"].get("tilings", []) if r["tokens"] == tokens and "triton_ms" in r]
         if timed:
             best = min(timed, key=lambda r: r["triton_ms"])
-            choices.append(_choice(f"ragged attention, {tokens:,} tokens", "the launcher's", ms,
-                                   f"tiling {best['tiling']}", best["triton_ms"]))
+            choices.append(_choice(f"ragged attention, {tokens:,} tokens", ms, f"tiling {best['tiling']}",
+                                   best["triton_ms"]))
     return choices
 
 
@@ -53,15 +53,14 @@ def quant_choices(payload: dict) -> list[dict]:
             continue
         best = min(variants, key=lambda r: r["us"])
         label = f"{best['varied']} {best['value']}".strip()
-        choices.append(_choice(f"{kind}, {rows} row{'s' * (rows > 1)}, {shape}", "shipped", shipped["us"], label,
-                               best["us"]))
+        choices.append(_choice(f"{kind}, {rows} row{'s' * (rows > 1)}, {shape}", shipped["us"], label, best["us"]))
     return choices
 
 
-def _choice(work: str, shipped_name: str, shipped: float, best_name: str, best: float) -> dict:
+def _choice(work: str, shipped: float, best_name: str, best: float) -> dict:
     gain = shipped / best
-    return {"work": work, "shipped": shipped_name, "shipped_time": shipped, "fastest": best_name, "fastest_time": best,
-            "gain": gain, "verdict": "change" if gain > 1 + MARGIN else "keep"}
+    return {"work": work, "shipped_time": shipped, "fastest": best_name, "fastest_time": best, "gain": gain,
+            "verdict": "change" if gain > 1 + MARGIN else "keep"}
 
 
 def format_choices(outdir: Path) -> str:

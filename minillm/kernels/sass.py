@@ -159,7 +159,7 @@ def loop_bodies_ir(ttgir: str) -> list[str]:
         if text.startswith("}") and frames:
             frames.pop()
         if text.endswith("{"):
-            opens_loop = "scf.for " in text and not text.startswith("}")
+            opens_loop = "scf.for " in text
             if opens_loop:
                 bodies.append([])
             frames.append(len(bodies) - 1 if opens_loop else None)
@@ -208,10 +208,10 @@ def prefill_tiles_in_flight(target: GPUSpec, stages: int | None = None) -> int:
     return tiles_in_flight(compiled_kernel(fn, launch, target).asm["ttgir"])
 
 
-def prefill_attention_loop(target: GPUSpec, stages: int | None = None) -> tuple[str, Counter]:
+def prefill_attention_loop(target: GPUSpec) -> tuple[str, Counter]:
     """(config, instructions by opcode) of the ragged attention kernel's loop over the tiles of keys
-    below the diagonal (the launch of `_prefill_launch`)."""
-    fn, launch = _prefill_launch(target, stages)
+    below the diagonal (the launch of `_prefill_launch`, at the launcher's stages)."""
+    fn, launch = _prefill_launch(target, None)
     # The first loop with matrix multiplies (the binary search for the program's sequence is a loop
     # too): the keys below the diagonal; the diagonal's loop, with its masks, comes after it. Where
     # the compiler took no tensor cores (a T4's tiles), the longest loop.
