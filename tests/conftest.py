@@ -27,6 +27,12 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from minillm.models.loader import SHIPPED_MODELS  # noqa: E402
+from minillm.utils.staging import StagingArena  # noqa: E402
+
+# Every engine on a CPU stages its inputs as a GPU's does, through host arrays of their own copied by
+# the arena's flush: a value staged and read before its flush gives wrong tokens here, not only on a
+# GPU. (Outside the tests a CPU's arrays are its tensors, and a flush copies nothing.)
+StagingArena.separate_host_on_cpu = True
 
 # Small shapes of each supported family; the keys name what each one exercises.
 HF_CONFIGS = {

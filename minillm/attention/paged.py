@@ -25,7 +25,7 @@ from minillm.kernels.ops import KernelOps
 from minillm.kv.pool import KVPool
 from minillm.layers.rotary import QKRotation
 from minillm.sequence import Sequence
-from minillm.utils.staging import CpuGpuBuffer
+from minillm.utils.staging import CpuGpuBuffer, StagingArena
 
 
 class PagedAttention:
@@ -33,8 +33,9 @@ class PagedAttention:
     supports_cuda_graphs = True
 
     def __init__(self, kv_pool: KVPool, ops: KernelOps, head_dim: int, max_num_tokens: int, max_num_seqs: int,
-                 max_model_len: int) -> None:
-        """max_num_tokens, max_num_seqs: the most a step computes (its metadata tensors' sizes)."""
+                 max_model_len: int, arena: StagingArena) -> None:
+        """max_num_tokens, max_num_seqs: the most a step computes (its metadata tensors' sizes); arena:
+        where they are staged, the model runner's, whose flush sends them with the step's token ids."""
         self.kv_pool = kv_pool
         self.ops = ops
         self.scale = head_dim ** -0.5
@@ -44,16 +45,16 @@ class PagedAttention:
         # load. (Not passed at all otherwise, so that a kernel with the plain signature still plugs in.)
         self.scale_args = [{} for _ in kv_pool.kv_caches] if kv_pool.kv_scales is None else [
             {"k_scales": k_scales, "v_scales": v_scales} for k_scales, v_scales in kv_pool.kv_scales]
-        device = kv_pool.kv_caches[0][0].device
 
         def int32(*shape: int, fill: int = 0) -> CpuGpuBuffer:
-            return CpuGpuBuffer(*shape, dtype=torch.int32, device=device, fill=fill)
+            return arena.buffer(*shape, dtype=torch.int32, fill=fill)
 
-        # One sequence row more than a step has: a padded step's padding tokens belong to it.
+        # One sequence row more than a step has: a padded step's padding tokens belong to it. The
+        # tables last, the largest: a step writes their first rows, next to the other buffers'.
         self.slot_mapping = int32(max_num_tokens, fill=-1)
-        self.block_tables = int32(max_num_seqs + 1, -(-max_model_len // block_size))  # wide enough for max_model_len
         self.seq_lens = int32(max_num_seqs + 1)
         self.cu_seqlens_q = int32(max_num_seqs + 2)
+        self.block_tables = int32(max_num_seqs + 1, -(-max_model_len // block_size))  # wide enough for max_model_len
         self._graph_metadata: dict[BatchDescriptor, AttentionMetadata] = {}
 
     @property

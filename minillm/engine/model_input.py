@@ -40,7 +40,9 @@ def build_model_input(seqs: list[Sequence], start_pos: list[int], token_ids: lis
                       graphs: CudaGraphs | None = None, num_prompt_logits: list[int] | None = None) -> ModelInput:
     """Sequence i feeds token_ids[i] at positions start_pos[i], ...; logits at its last num_logits[i]
     positions, the first num_prompt_logits[i] of them scoring its prompt. With `graphs`, padded to
-    the shape of the one that holds the step, if one does: rows past the batch read and write nothing."""
+    the shape of the one that holds the step, if one does: rows past the batch read and write nothing.
+    The tensors hold these values on the device once the caller has flushed buffers.arena, after
+    whatever else the step stages."""
     batch = None if graphs is None else graphs.descriptor([len(ids) for ids in token_ids], num_logits)
     input_ids = [t for ids in token_ids for t in ids]
     positions = [p for start, ids in zip(start_pos, token_ids) for p in range(start, start + len(ids))]

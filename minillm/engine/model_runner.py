@@ -32,6 +32,7 @@ from minillm.sample.rejection_sampler import RejectionSampler
 from minillm.sample.sampler import Sampler, SamplerOutput, SamplingMetadata, score_tokens
 from minillm.sequence import Sequence
 from minillm.spec_decode.proposer import Proposer
+from minillm.utils.staging import StagingArena
 
 
 class ModelRunner:
@@ -47,9 +48,12 @@ class ModelRunner:
         self.max_num_seqs = config.max_num_seqs
         # A decode step of max_num_seqs rows must fit too, whatever the token budget.
         self.max_num_tokens = max(config.max_num_batched_tokens, config.max_num_seqs)
+        # Every staged buffer in one arena, so that a step's inputs reach the device in one copy: the token
+        # ids first, then the attention metadata (and a draft model's, added by set_proposer).
+        self.buffers = InputBuffers(self.max_num_tokens, StagingArena(device))
         self.attn_backend = create_attention_backend(kv_cache_manager, model.ops, model.config.head_dim,
-                                                     self.max_num_tokens, config.max_num_seqs, max_model_len)
-        self.buffers = InputBuffers(self.max_num_tokens, device)
+                                                     self.max_num_tokens, config.max_num_seqs, max_model_len,
+                                                     self.buffers.arena)
         self.cuda_graphs: CudaGraphs | None = None
         self.proposer: Proposer | None = None
         self.rejection_sampler: RejectionSampler | None = None
@@ -119,16 +123,24 @@ class ModelRunner:
         model_input = build_model_input(batch.seqs, starts, token_ids, [k + p for k, p in zip(num_logits, scored)],
                                         self.attn_backend, self.buffers, self.cuda_graphs, scored)
         ends = model_input.metadata.query_start_loc[1:]  # one past each sequence's last row
+        # The rows of input_ids whose tokens only the device has: a draft model's drafts or, with async
+        # scheduling (which never speculates), what the step before sampled, from these rows of its
+        # tokens. Staged with the rest of the step, which reaches the device in one flush.
+        rows, sources = [], None
         if proposal is not None and proposal.on_device:
-            rows = self.buffers.draft_rows.stage(proposal.device_rows([end - 1 for end in ends]))
-            model_input.input_ids.index_copy_(0, rows, proposal.device_token_ids)
-        if previous is not None:
+            rows = proposal.device_rows([end - 1 for end in ends])
+        elif previous is not None:
             pairs = [(end - 1, previous.token_rows[seq]) for seq, end in zip(batch.seqs, ends)
                      if seq in previous.token_rows]
             if pairs:
-                rows, sources = zip(*pairs)
-                tokens = previous.device_token_ids.index_select(0, self.buffers.previous_rows.stage(sources))
-                model_input.input_ids.index_copy_(0, self.buffers.draft_rows.stage(rows), tokens)
+                rows, from_rows = zip(*pairs)
+                sources = self.buffers.previous_rows.stage(from_rows)
+        rows = self.buffers.draft_rows.stage(rows) if rows else None
+        self.buffers.arena.flush()
+        if rows is not None:
+            tokens = (proposal.device_token_ids if sources is None
+                      else previous.device_token_ids.index_select(0, sources))
+            model_input.input_ids.index_copy_(0, rows, tokens)
         return model_input
 
     def execute(self, model_input: ModelInput) -> torch.Tensor | None:

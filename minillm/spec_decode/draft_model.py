@@ -92,6 +92,7 @@ class DraftModelProposer:
             else:
                 model_input = build_model_input(batch, starts, feed, [1] * len(batch), self.attn_backend,
                                                 self.buffers, self.cuda_graphs)
+                self.buffers.arena.flush()
             padded = model_input.batch is not None
             if j:
                 tokens = steps[-1][1]

@@ -52,7 +52,8 @@ def create_proposer(config: SpeculativeConfig, draft: tuple[CausalLM, ModelConfi
                     generator: torch.Generator, kv_cache_dtype: str) -> Proposer:
     """draft: from load_draft_model, for method "draft_model". Its pool has as many blocks as the
     target's, in the target's dtype, and is read through the target's block tables by an attention
-    backend of its own, sized as the target's, on the draft model's kernels (the engine's)."""
+    backend of its own, sized as the target's, on the draft model's kernels (the engine's), its
+    metadata staged in the runner's arena with the token ids the draft shares."""
     if config.method == "ngram":
         return NgramProposer(config)
     model, model_config = draft
@@ -61,5 +62,5 @@ def create_proposer(config: SpeculativeConfig, draft: tuple[CausalLM, ModelConfi
     pool = KVPool(model_config, kv_cache_manager.num_blocks, kv_cache_manager.block_size, dtype,
                   target_pool.kv_caches[0].device, kv_cache_dtype)
     attn = PagedAttention(pool, model.ops, model_config.head_dim, target_attn.max_num_tokens, target_attn.max_num_seqs,
-                          target_attn.max_model_len)
+                          target_attn.max_model_len, buffers.arena)
     return DraftModelProposer(model, attn, buffers, generator)

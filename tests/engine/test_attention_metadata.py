@@ -21,10 +21,16 @@ def test_the_paged_backend_stages_slots_lengths_and_tables_in_its_own_tensors():
     assert isinstance(backend, PagedAttention) and not hasattr(engine.kv_cache_manager, "attn_backend")
     a, b = Sequence("a", prompt_token_ids=range(6)), Sequence("b", prompt_token_ids=range(3))
     a.block_table, b.block_table = [7, 2], [5, 9, 3]
-    backend.build_metadata([a, b], [6, 0], [1, 3])  # b's row now holds 3 entries on the host too
+
+    def build(*args):
+        metadata = backend.build_metadata(*args)
+        engine.model_runner.buffers.arena.flush()  # what the runner does once the step is staged
+        return metadata
+
+    build([a, b], [6, 0], [1, 3])  # b's row now holds 3 entries on the host too
     b.block_table = [5]
     # a decodes its 7th token (position 6, block 2 slot 2); b prefills 3 tokens from position 0.
-    metadata = backend.build_metadata([a, b], [6, 0], [1, 3])
+    metadata = build([a, b], [6, 0], [1, 3])
     assert metadata.query_start_loc == query_start_loc([1, 3]) == [0, 1, 4]
     assert metadata.slot_mapping.tolist() == [2 * 4 + 2, 5 * 4, 5 * 4 + 1, 5 * 4 + 2]
     assert metadata.seq_lens.tolist() == [7, 3]
@@ -37,7 +43,7 @@ def test_the_paged_backend_stages_slots_lengths_and_tables_in_its_own_tensors():
 
     # Padded to a graph's 8 tokens and 4 sequence rows: the padding tokens store nothing and belong
     # to the last sequence row, which has no keys; the rows between own nothing.
-    padded = backend.build_metadata([a, b], [6, 0], [1, 3], BatchDescriptor(8, 4, 4, uniform_decode=False))
+    padded = build([a, b], [6, 0], [1, 3], BatchDescriptor(8, 4, 4, uniform_decode=False))
     assert padded.query_start_loc == [0, 1, 4]  # the batch's own, for the logits
     assert padded.slot_mapping.tolist() == [10, 20, 21, 22, -1, -1, -1, -1]
     assert padded.seq_lens.tolist() == [7, 3, 0, 0] and padded.cu_seqlens_q.tolist() == [0, 1, 4, 4, 8]

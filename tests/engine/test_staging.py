@@ -1,19 +1,38 @@
 """Staging a step's values into persistent buffers: the front rows written, the rest padded, through a
-host array written with numpy; on a CPU that array is the buffer itself, on a GPU a pinned one that
-is overwritten only after its previous copy finished (the copy itself is tested in
+host array written with numpy; the buffers of one arena reach the device together, in one copy per
+flush (a few where what a step wrote lies far apart). On a CPU an array is its buffer itself; with
+host arrays of their own (a GPU's, or a CPU's under the tests, conftest.py) the host block is
+overwritten only after the last flush's copy finished (the pinned copy itself is tested in
 tests/kernels/test_gpu.py)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
 
+from minillm import LLM, SamplingParams
 from minillm.utils import staging
-from minillm.utils.staging import CpuGpuBuffer
+from minillm.utils.staging import ALIGNMENT, MERGE_GAP, StagingArena
 
 
-def test_values_go_to_the_front_of_the_buffer_and_padding_after_them():
-    buffer = CpuGpuBuffer(8, dtype=torch.int32, device="cpu", fill=7)
+@pytest.fixture
+def arena(monkeypatch) -> StagingArena:
+    """An arena on the CPU whose arrays are its tensors, as outside the tests."""
+    monkeypatch.setattr(StagingArena, "separate_host_on_cpu", False)
+    return StagingArena("cpu")
+
+
+@pytest.fixture
+def copying() -> StagingArena:
+    """An arena on the CPU with a host block of its own, copied as a GPU's is."""
+    assert StagingArena.separate_host_on_cpu  # conftest.py
+    return StagingArena("cpu")
+
+
+def test_values_go_to_the_front_of_the_buffer_and_padding_after_them(arena):
+    buffer = arena.buffer(8, dtype=torch.int32, fill=7)
     view = buffer.stage([1, 2, 3], num_rows=5, pad=-1)
     assert view.data_ptr() == buffer.tensor.data_ptr()  # the buffer itself, which a CUDA graph reads
     assert view.tolist() == [1, 2, 3, -1, -1] and buffer.tensor[5:].tolist() == [7, 7, 7]
@@ -22,19 +41,82 @@ def test_values_go_to_the_front_of_the_buffer_and_padding_after_them():
     assert own.tolist() == list(range(9)) and own.data_ptr() != buffer.tensor.data_ptr()
 
 
-def test_on_a_cpu_the_array_is_the_buffer_and_nothing_is_copied(monkeypatch):
-    buffer = CpuGpuBuffer(4, dtype=torch.int64, device="cpu")
-    assert buffer.cpu is buffer.tensor and buffer.np.ctypes.data == buffer.tensor.data_ptr()
+def test_on_a_cpu_the_array_is_the_buffer_and_nothing_is_copied(arena, monkeypatch):
+    buffer = arena.buffer(4, dtype=torch.int64)
+    assert buffer.cpu.data_ptr() == buffer.tensor.data_ptr() == buffer.np.ctypes.data
     monkeypatch.setattr(torch.Tensor, "copy_", lambda *args, **kwargs: pytest.fail("a copy"))
     assert buffer.stage([3, 4], num_rows=3).tolist() == [3, 4, 0]
+    arena.flush()
+    assert arena.num_copies == 0
 
 
-def test_rows_of_a_table_are_written_and_cleared_to_the_width_asked_for():
-    tables = CpuGpuBuffer(3, 4, dtype=torch.int32, device="cpu", fill=9)
+def test_rows_of_a_table_are_written_and_cleared_to_the_width_asked_for(arena):
+    tables = arena.buffer(3, 4, dtype=torch.int32, fill=9)
     assert tables.stage_rows([[1, 2, 3], [4]], width=3).tolist() == [[1, 2, 3], [4, 0, 0]]
     assert tables.tensor[:, 3].tolist() == [9, 9, 9] and tables.tensor[2].tolist() == [9] * 4
     # A narrower step after a wider one: what the wider one left within the width is cleared.
     assert tables.stage_rows([[5], [6, 7]], width=2).tolist() == [[5, 0], [6, 7]]
+    with pytest.raises(ValueError, match="4 rows staged into a buffer of 3"):
+        tables.stage_rows([[1]] * 4, width=1)
+
+
+def test_buffers_share_two_blocks_each_aligned_and_are_all_asked_for_before_any_is_used(arena):
+    first = arena.buffer(3, dtype=torch.int32, fill=-1)
+    second = arena.buffer(2, 5, dtype=torch.int64, fill=4)
+    assert first.tensor.tolist() == [-1] * 3 and second.tensor.tolist() == [[4] * 5] * 2  # allocated here
+    start = arena.device_block.data_ptr()
+    assert [t.data_ptr() - start for t in (first.tensor, second.tensor)] == [0, ALIGNMENT]
+    with pytest.raises(RuntimeError, match="asked for before any of them is used"):
+        arena.buffer(4, dtype=torch.int32)
+
+
+def test_staged_values_reach_the_device_with_the_flush_and_far_ranges_take_a_copy_each(copying):
+    near = copying.buffer(8, dtype=torch.int32, fill=7)
+    table = copying.buffer(2, 3, dtype=torch.int32)
+    far = copying.buffer(MERGE_GAP, dtype=torch.int64)  # its front lies MERGE_GAP * 8 bytes from its end
+    after = copying.buffer(4, dtype=torch.int32)
+    view = near.stage([1, 2], num_rows=3, pad=-1)
+    table.stage_rows([[5, 6]], width=2)
+    assert view.tolist() == [7, 7, 7] and near.cpu[:3].tolist() == [1, 2, -1]  # written on the host only
+    copying.flush()
+    assert view.tolist() == [1, 2, -1] and table.tensor.tolist() == [[5, 6, 0], [0, 0, 0]]
+    assert copying.num_copies == 1  # both in one copy
+    far.stage([3])
+    after.stage([4, 4])
+    copying.flush()
+    assert far.tensor[:2].tolist() == [3, 0] and after.tensor.tolist() == [4, 4, 0, 0]
+    assert copying.num_copies == 3  # the far buffer's front and the next buffer lie MERGE_GAP apart and more
+    copying.flush()
+    assert copying.num_copies == 3  # nothing staged since: nothing copied
+
+
+class FakeEvent:
+    """Records when the host waited for the last copy out of the block, and what it held then."""
+
+    def __init__(self, read: Callable[[], list]) -> None:
+        self.read, self.log = read, []
+
+    def synchronize(self) -> None:
+        self.log.append(("wait", self.read()))
+
+    def record(self, stream) -> None:
+        self.log.append(("record", self.read()))
+
+
+def test_the_host_block_is_overwritten_only_after_the_last_flush_copied_it(copying, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: None)
+    ids, lens = copying.buffer(2, dtype=torch.int8), copying.buffer(2, dtype=torch.int8)
+    copying.allocate()
+    copying._copied = event = FakeEvent(lambda: ids.cpu.tolist() + lens.cpu.tolist())
+    ids.stage([1, 2])
+    lens.stage([3])
+    copying.flush()
+    ids.stage([5])  # the next step: its first write waits for the copy, its second does not
+    lens.stage([6, 7])
+    copying.flush()
+    # The wait found the first step's values still there, untouched until then.
+    assert event.log == [("record", [1, 2, 3, 0]), ("wait", [1, 2, 3, 0]), ("record", [5, 2, 6, 7])]
+    assert ids.tensor.tolist() == [5, 2] and lens.tensor.tolist() == [6, 7]
 
 
 def test_no_pinned_memory_means_pageable_copies_and_pinning_can_be_turned_off(monkeypatch):
@@ -51,71 +133,23 @@ def test_no_pinned_memory_means_pageable_copies_and_pinning_can_be_turned_off(mo
     assert not staging.pinned_staging()
 
 
-class FakeEvent:
-    """Records when the host waited for the last copy out of the array, and what the array held then."""
-
-    def __init__(self, host: torch.Tensor) -> None:
-        self.host, self.log = host, []
-
-    def synchronize(self) -> None:
-        self.log.append(("wait", self.host.tolist()))
-
-    def record(self, stream) -> None:
-        self.log.append(("record", self.host.tolist()))
-
-
-def with_pinned_array(buffer: CpuGpuBuffer, monkeypatch) -> FakeEvent:
-    """The buffer given a host array of its own and an event, as a GPU's buffer has: what a CPU can
-    check of the copies' order."""
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: None)
-    buffer.cpu = torch.zeros_like(buffer.tensor)
-    buffer.np = buffer.cpu.numpy()
-    buffer._copied = event = FakeEvent(buffer.cpu)
-    return event
-
-
-def test_an_array_is_overwritten_only_after_its_previous_copy_is_done(monkeypatch):
-    buffer = CpuGpuBuffer(4, dtype=torch.int64, device="cpu", fill=-1)
-    event = with_pinned_array(buffer, monkeypatch)
-    buffer.stage([1, 2, 3])
-    assert buffer.tensor.tolist() == [1, 2, 3, -1]
-    buffer.stage([8, 9])
-    assert buffer.tensor.tolist() == [8, 9, 3, -1]
-    # Each copy waits for the one before, then writes the array, copies and records: the second
-    # write found the first copy's values still there, untouched until the wait.
-    assert event.log == [("wait", [0, 0, 0, 0]), ("record", [1, 2, 3, 0]),
-                         ("wait", [1, 2, 3, 0]), ("record", [8, 9, 3, 0])]
-
-
-@pytest.mark.parametrize("values", [[], [5]])
-def test_an_array_copies_any_number_of_rows_it_holds_and_pads_the_rest(values, monkeypatch):
-    buffer = CpuGpuBuffer(3, dtype=torch.int32, device="cpu", fill=3)
-    with_pinned_array(buffer, monkeypatch)
-    buffer.stage(values, num_rows=2, pad=-1)
-    assert buffer.tensor.tolist() == values + [-1] * (2 - len(values)) + [3]
-
-
-def test_the_padding_and_the_tables_travel_in_one_copy_each(monkeypatch):
-    """On a GPU a separate fill of the padding rows would be a launch of its own, for every buffer
-    of every step, and a strided table a copy kernel of its own: each array holds its padding
-    already when its one contiguous copy is queued."""
-    buffer = CpuGpuBuffer(6, dtype=torch.int32, device="cpu", fill=7)
-    event = with_pinned_array(buffer, monkeypatch)
-    tables = CpuGpuBuffer(3, 4, dtype=torch.int32, device="cpu")
-    with_pinned_array(tables, monkeypatch)
-    copies = []
-    real_copy = torch.Tensor.copy_
-
-    def copy(dst, src, non_blocking=False):
-        copies.append((dst.is_contiguous() and src.is_contiguous(), non_blocking))
-        return real_copy(dst, src, non_blocking)
-
-    monkeypatch.setattr(torch.Tensor, "copy_", copy)
-    monkeypatch.setattr(torch.Tensor, "fill_", lambda *args: pytest.fail("a fill of its own"))
-    assert buffer.stage([1, 2], num_rows=4, pad=-1).tolist() == [1, 2, -1, -1]
-    assert buffer.tensor[4:].tolist() == [7, 7] and event.log[-1] == ("record", [1, 2, -1, -1, 0, 0])
-    assert tables.stage_rows([[1, 2], [3]], width=2).tolist() == [[1, 2], [3, 0]]
-    # One contiguous copy each; off CUDA waited for, as MPS would read the array only when it runs.
-    assert copies == [(True, False), (True, False)]
-    with pytest.raises(ValueError, match="4 rows staged into a buffer of 3"):
-        tables.stage_rows([[1]] * 4, width=1)
+@pytest.mark.parametrize("args,copies_per_step", [({}, 1), ({"async_scheduling": True}, 1),
+                                                   ({"speculative_config": {"model": "tiny-draft",
+                                                                            "num_speculative_tokens": 3}}, 2)])
+def test_a_decode_step_reaches_the_device_in_one_copy_a_speculative_one_in_two(args, copies_per_step):
+    """The padded path of the CUDA graphs, run eagerly: every buffer of the step (token ids, positions,
+    logits rows, the attention metadata, the rows of tokens taken on the device) in one flush; a
+    speculative step flushes the draft's first step and the target's."""
+    llm = LLM("tiny", device="cpu", dtype="float32", skip_tokenizer_init=True, max_num_seqs=4, **args)
+    engine = llm.llm_engine
+    engine.model_runner.capture_cuda_graphs(capture=False)
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    for i in range(3):
+        engine.add_request(str(i), {"prompt_token_ids": [3 + i] * (4 + i)}, params)
+    for _ in range(4):  # past the prompts
+        engine.step()
+    arena = engine.model_runner.buffers.arena
+    before = arena.num_copies
+    for _ in range(5):
+        engine.step()
+    assert arena.num_copies - before == 5 * copies_per_step

@@ -15,7 +15,7 @@ from conftest import HF_CONFIGS, make_hf_model
 from minillm import LLM, SamplingParams
 from minillm.engine.model_runner import sequence_logits
 from minillm.utils.device import cuda_bf16_native
-from minillm.utils.staging import CpuGpuBuffer
+from minillm.utils.staging import StagingArena
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -90,15 +90,21 @@ def test_cuda_graph_decode_matches_eager(hf_checkpoint, quantization):
 
 
 def test_inputs_are_staged_through_pinned_host_arrays():
-    buffer = CpuGpuBuffer(8, dtype=torch.int32, device="cuda", fill=7)
+    arena = StagingArena("cuda")
+    buffer = arena.buffer(8, dtype=torch.int32, fill=7)
+    tables = arena.buffer(3, 4, dtype=torch.int32, fill=5)
     assert buffer.cpu.is_pinned() and buffer.cpu.data_ptr() == buffer.np.ctypes.data
-    torch.cuda._sleep(50_000_000)  # the stream busy for a while: the first copy is still queued...
-    first = buffer.stage([1, 2, 3], num_rows=5, pad=-1).clone()
-    buffer.stage([9, 8])  # ...when the second stage wants the array: it must wait for that copy
+    torch.cuda._sleep(50_000_000)  # the stream busy for a while: the first flush's copy is still queued...
+    first = buffer.stage([1, 2, 3], num_rows=5, pad=-1)
+    arena.flush()
+    first = first.clone()
+    buffer.stage([9, 8])  # ...when the next step writes the block: it must wait for that copy
+    rows = tables.stage_rows([[1, 2, 3], [4]], width=3)
+    arena.flush()
     assert first.tolist() == [1, 2, 3, -1, -1]
     assert buffer.tensor.tolist() == [9, 8, 3, -1, -1, 7, 7, 7]
-    tables = CpuGpuBuffer(3, 4, dtype=torch.int32, device="cuda", fill=5)
-    assert tables.stage_rows([[1, 2, 3], [4]], width=3).tolist() == [[1, 2, 3], [4, 0, 0]]
+    assert rows.tolist() == [[1, 2, 3], [4, 0, 0]] and tables.tensor[2].tolist() == [5] * 4
+    assert arena.num_copies == 2  # a copy a flush, both buffers in the second
 
 
 def decoding_engine(**kwargs):
