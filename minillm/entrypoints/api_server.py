@@ -169,7 +169,7 @@ def build_app(engine: AsyncLLM, served_model_name: str | None = None, api_key: s
             return error(400, str(e))
         outputs: AsyncIterator[Indexed] = while_connected(raw, outputs)
         if request.stream:
-            return StreamingResponse(event_stream(chunks(request, request_id, model, outputs)),
+            return StreamingResponse(event_stream(chunks(request, request_id, prepared, model, outputs)),
                                      media_type="text/event-stream")
         body = await full(request, request_id, prepared, model, outputs)
         return Response(status_code=CLIENT_CLOSED) if body is None else JSONResponse(body)

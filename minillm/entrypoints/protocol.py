@@ -98,6 +98,8 @@ class StreamOptions(BaseModel):
     model_config = STRICT
 
     include_usage: bool = False
+    # vLLM's: with include_usage, every chunk also carries its choice's usage so far (guidellm asks for it).
+    continuous_usage_stats: bool = False
 
 
 class SamplingRequest(Request):
@@ -167,6 +169,10 @@ class SamplingRequest(Request):
     @property
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
+
+    @property
+    def continuous_usage(self) -> bool:
+        return self.include_usage and self.stream_options.continuous_usage_stats
 
 
 class CompletionRequest(SamplingRequest):

@@ -10,7 +10,7 @@ import jinja2
 from minillm.async_llm import AsyncLLM
 from minillm.entrypoints.prompt_logprobs import prompt_logprobs_body
 from minillm.entrypoints.protocol import ChatCompletionRequest
-from minillm.entrypoints.serving_engine import Indexed, Prepared, collect, deltas, now, prepare, usage
+from minillm.entrypoints.serving_engine import Indexed, Prepared, chunk_usage, collect, deltas, now, prepare, usage
 from minillm.outputs import CompletionOutput, Logprob
 
 
@@ -67,16 +67,16 @@ async def full_response(request: ChatCompletionRequest, request_id: str, prepare
             "choices": choices, "usage": usage(final, request.n), "prompt_logprobs": prompt_logprobs}
 
 
-async def stream_chunks(request: ChatCompletionRequest, request_id: str, model: str,
+async def stream_chunks(request: ChatCompletionRequest, request_id: str, prepared: Prepared, model: str,
                         outputs: AsyncIterator[Indexed]) -> AsyncIterator[dict]:
     """Each choice opens with the assistant's role, then its content in pieces; finish_reason on its
-    last chunk; usage in a chunk of its own when asked for."""
+    last chunk; usage in a chunk of its own when asked for (and in every chunk, continuous_usage_stats)."""
     head = {"id": request_id, "object": "chat.completion.chunk", "created": now(), "model": model}
-    extra = {"usage": None} if request.include_usage else {}
 
-    def chunk(index: int, delta: dict, logprobs: dict | None = None, finish_reason: str | None = None) -> dict:
+    def chunk(index: int, delta: dict, logprobs: dict | None = None, finish_reason: str | None = None,
+              completion_tokens: int = 0) -> dict:
         choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
-        return {**head, "choices": [choice], **extra}
+        return {**head, "choices": [choice], **chunk_usage(request, prepared, index, completion_tokens)}
 
     for index in range(request.n):
         yield chunk(index, {"role": "assistant", "content": ""})
@@ -85,7 +85,7 @@ async def stream_chunks(request: ChatCompletionRequest, request_id: str, model: 
         last[index] = out
         completion = out.outputs[0]
         yield chunk(index, {"content": text} if text else {}, _logprobs(request, completion, offset),
-                    completion.finish_reason if out.finished else None)
+                    completion.finish_reason if out.finished else None, len(completion.token_ids))
     if request.include_usage:
         yield {**head, "choices": [], "usage": usage(last, request.n)}
 

@@ -8,7 +8,7 @@ from minillm.async_llm import AsyncLLM
 from minillm.entrypoints.echo import Echo, echo_prompt
 from minillm.entrypoints.prompt_logprobs import prompt_logprobs_body, top_logprobs
 from minillm.entrypoints.protocol import CompletionRequest
-from minillm.entrypoints.serving_engine import Indexed, Prepared, collect, deltas, now, prepare, usage
+from minillm.entrypoints.serving_engine import Indexed, Prepared, chunk_usage, collect, deltas, now, prepare, usage
 from minillm.outputs import CompletionOutput, Logprob
 
 
@@ -48,16 +48,17 @@ async def full_response(request: CompletionRequest, request_id: str, prepared: P
             "choices": choices, "usage": usage(final, request.n)}
 
 
-async def stream_chunks(request: CompletionRequest, request_id: str, model: str,
+async def stream_chunks(request: CompletionRequest, request_id: str, prepared: Prepared, model: str,
                         outputs: AsyncIterator[Indexed]) -> AsyncIterator[dict]:
     """A chunk per choice per step that added text, finish_reason on each choice's last one; usage
-    in a chunk of its own when asked for."""
+    in a chunk of its own when asked for (and in every chunk, continuous_usage_stats)."""
     head = {"id": request_id, "object": "text_completion", "created": now(), "model": model}
-    extra = {"usage": None} if request.include_usage else {}
     last = {}
     async for index, out, text, offset in deltas(outputs):
         last[index] = out
-        yield {**head, "choices": [_choice(index, out.outputs[0], text, offset, request, out.finished)], **extra}
+        completion = out.outputs[0]
+        yield {**head, "choices": [_choice(index, completion, text, offset, request, out.finished)],
+               **chunk_usage(request, prepared, index, len(completion.token_ids))}
     if request.include_usage:
         yield {**head, "choices": [], "usage": usage(last, request.n)}
 

@@ -16,6 +16,7 @@ from starlette.requests import Request
 
 from minillm.async_llm import AsyncLLM
 from minillm.entrypoints.errors import error_body
+from minillm.entrypoints.protocol import SamplingRequest
 from minillm.outputs import RequestOutput
 from minillm.sampling_params import SamplingParams
 
@@ -143,6 +144,18 @@ def usage(outputs: dict[int, RequestOutput], n: int) -> dict:
     prompt = sum(len(out.prompt_token_ids) for index, out in outputs.items() if index % n == 0)
     completion = sum(len(out.outputs[0].token_ids) for out in outputs.values())
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def chunk_usage(request: SamplingRequest, prepared: Prepared, index: int, completion_tokens: int) -> dict:
+    """The usage field of a streamed chunk of choice `index`: none unless include_usage, then null (the
+    total comes in a chunk of its own), or with continuous_usage_stats the choice's tokens so far."""
+    if not request.include_usage:
+        return {}
+    if not request.continuous_usage:
+        return {"usage": None}
+    prompt = len(prepared.prompts[index // request.n]["prompt_token_ids"])
+    return {"usage": {"prompt_tokens": prompt, "completion_tokens": completion_tokens,
+                      "total_tokens": prompt + completion_tokens}}
 
 
 def sse(data: dict | str) -> str:

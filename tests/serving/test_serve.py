@@ -100,6 +100,32 @@ def test_chat_streamed_equals_whole(client, reference):
     assert whole.usage.prompt_tokens == len(ids)
 
 
+def test_continuous_usage_stats_give_each_chunk_its_choices_tokens_so_far(client, reference):
+    """vLLM's stream option, which guidellm sends: with include_usage, every chunk also carries the usage
+    of its choice so far; the total still comes in a chunk of its own, last."""
+    options = {"include_usage": True, "continuous_usage_stats": True}
+    prompt = "def fibonacci(n):"
+    chunks = list(client.completions.create(model="tiny", prompt=prompt, max_tokens=8, temperature=0, n=2,
+                                            stream=True, stream_options=options))
+    prompt_tokens = len(reference.get_tokenizer()(prompt)["input_ids"])
+    counts = {0: [], 1: []}
+    for chunk in chunks[:-1]:
+        usage = chunk.usage
+        assert (usage.prompt_tokens, usage.total_tokens) == (prompt_tokens, prompt_tokens + usage.completion_tokens)
+        counts[chunk.choices[0].index].append(usage.completion_tokens)
+    assert all(c == sorted(c) and c[0] > 0 and c[-1] == 8 for c in counts.values()), counts
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 16
+    messages = [{"role": "user", "content": "A sort."}]
+    chat = list(client.chat.completions.create(model="tiny", messages=messages, max_tokens=8, temperature=0,
+                                               stream=True, stream_options=options))
+    # The role opens the choice before any token; then each piece counts the tokens so far.
+    assert chat[0].usage.completion_tokens == 0 and chat[-2].usage.completion_tokens == 8
+    assert chat[-2].usage.prompt_tokens == chat[-1].usage.prompt_tokens == chat[0].usage.prompt_tokens > 0
+    plain = list(client.chat.completions.create(model="tiny", messages=messages, max_tokens=8, temperature=0,
+                                                stream=True, stream_options={"include_usage": True}))
+    assert all(c.usage is None for c in plain[:-1]) and plain[-1].usage == chat[-1].usage
+
+
 def test_n_choices_are_told_apart_and_seeded_sampling_repeats(client):
     args = dict(model="tiny", prompt="class Stack:", max_tokens=12, temperature=1.0, n=3, seed=7)
     whole = client.completions.create(**args)
