@@ -162,3 +162,25 @@ def test_random_workload_keeps_invariants_and_leaks_nothing(num_blocks, block_si
         bm.free(seq)
     check_invariants(bm, [])
     assert bm.num_free_blocks == num_blocks
+
+
+def test_the_last_free_block_can_be_appended():
+    bm = BlockManager(num_blocks=2, block_size=4)
+    seq = make_seq("a", list(range(4)))
+    bm.allocate(seq)
+    assert bm.can_append(seq, 8) and not bm.can_append(seq, 9)
+    bm.append_slots(seq, 8)
+    assert bm.num_free_blocks == 0
+
+
+def test_a_freed_sequence_is_evicted_from_its_tail_so_its_beginning_stays_cached():
+    """The beginning of a prefix is what other prompts share: under pressure the pool takes the
+    blocks of its end first."""
+    bm = BlockManager(num_blocks=3, block_size=2)
+    seq = make_seq("a", [1, 2, 3, 4, 5])
+    bm.allocate(seq)
+    compute(bm, seq)  # blocks [1, 2] and [3, 4] cached
+    bm.free(seq)
+    bm.allocate(make_seq("x", [9]))  # the block with nothing cached goes first
+    bm.allocate(make_seq("y", [8]))  # then the end of the prefix
+    assert bm.num_cached_blocks == 1 and len(bm.match_prefix(make_seq("b", [1, 2, 3, 4, 6]))) == 1

@@ -5,6 +5,7 @@ one's own, and the engine's step."""
 from __future__ import annotations
 
 import ast
+import dataclasses
 import inspect
 import json
 import math
@@ -15,7 +16,11 @@ import pytest
 
 from minillm import LLM, SamplingParams
 from minillm.engine.llm_engine import LLMEngine
+from minillm.engine.output_processor import OutputProcessor
 from minillm.engine.policy import SchedulingPolicy
+from minillm.engine.runner_output import ModelRunnerOutput
+from minillm.sampling_params import RequestOutputKind
+from minillm.sequence import Sequence
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
 PROMPTS = ["def fib(n):", "import os\n", "class Stack:\n    def __init__(self):"]
@@ -74,6 +79,55 @@ def test_stop_token_ids_and_min_tokens(tiny_llm, greedy_outputs):
     assert len(late.token_ids) >= first + 3 and stop_id not in late.token_ids[: first + 2]
 
 
+def test_a_stop_on_the_last_allowed_token_is_a_stop_not_the_length(tiny_llm, greedy_outputs):
+    """max_tokens is reached by the very token that stops the request: the stop is the reason."""
+    full = greedy_outputs[0].outputs[0].token_ids
+    stop_id = full[2]
+    first = full.index(stop_id)
+    out = tiny_llm.generate(PROMPTS[0], SamplingParams(temperature=0.0, max_tokens=first + 1, ignore_eos=True,
+                                                       stop_token_ids=[stop_id]), use_tqdm=False)[0].outputs[0]
+    assert out.token_ids == full[: first + 1] and (out.finish_reason, out.stop_reason) == ("stop", stop_id)
+
+
+def decoded_prefixes(llm: LLM, token_ids: list[int]) -> list[str]:
+    """The text of the first i tokens, for every i: what the output processor has after i tokens."""
+    tokenizer = llm.llm_engine.tokenizer
+    return [tokenizer.decode(token_ids[:i], skip_special_tokens=True, clean_up_tokenization_spaces=False)
+            for i in range(len(token_ids) + 1)]
+
+
+def test_a_stop_string_completed_by_the_min_tokens_th_token_stops_there(tiny_llm, greedy_outputs):
+    """min_tokens holds stops back until that many tokens exist, and not one token longer."""
+    full = greedy_outputs[0].outputs[0]
+    texts = decoded_prefixes(tiny_llm, full.token_ids)
+    # A 3-character stop string that the m-th token completes, found nowhere else in the output.
+    m, stop = next((m, texts[m][-3:]) for m in range(4, len(texts)) if len(texts[m]) > len(texts[m - 1]) >= 3
+                   and full.text.count(texts[m][-3:]) == 1 and texts[m].endswith(texts[m][-3:]))
+    out = tiny_llm.generate(PROMPTS[0], SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, min_tokens=m,
+                                                       stop=stop), use_tqdm=False)[0].outputs[0]
+    assert (out.token_ids, out.text, out.stop_reason) == (full.token_ids[:m], texts[m][:-3], stop)
+
+
+def test_of_two_stop_strings_completed_by_one_token_the_earlier_in_the_text_wins(tiny_llm, greedy_outputs):
+    """Both end in the same step's new characters; the text is cut at the one that starts first,
+    whatever their order in `stop`."""
+    candidates = []
+    for prompt, output in zip(PROMPTS, greedy_outputs):
+        texts = decoded_prefixes(tiny_llm, output.outputs[0].token_ids)
+        for i in range(2, len(texts)):
+            before, text = texts[i - 1], texts[i]
+            if not before or len(text) - len(before) < 2:
+                continue
+            # Token i brings 2 or more characters: `late` is its text, `early` straddles its start.
+            early, late = before[-1] + text[len(before)], text[len(before):]
+            if text.find(early) == len(before) - 1 and text.find(late) == len(before):
+                candidates.append((prompt, before, early, late))
+    prompt, before, early, late = candidates[0]
+    out = tiny_llm.generate(prompt, SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True,
+                                                   stop=[late, early]), use_tqdm=False)[0].outputs[0]
+    assert (out.text, out.stop_reason) == (before[:-1], early)
+
+
 def test_eos_stops_unless_ignored(hf_checkpoint, tmp_path):
     _, path = hf_checkpoint("llama_mha")
     shutil.copytree(path, tmp_path / "m")
@@ -85,6 +139,9 @@ def test_eos_stops_unless_ignored(hf_checkpoint, tmp_path):
     llm = LLM(str(tmp_path / "m"), skip_tokenizer_init=True)
     stopped = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=10), use_tqdm=False)[0].outputs[0]
     assert stopped.token_ids == free[: free.index(eos) + 1] and stopped.finish_reason == "stop"
+    # End of sequence as the last token max_tokens allows: still a stop, not the length.
+    last = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=free.index(eos) + 1), use_tqdm=False)
+    assert (last[0].outputs[0].token_ids, last[0].outputs[0].finish_reason) == (stopped.token_ids, "stop")
     ignored = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=10, ignore_eos=True), use_tqdm=False)
     assert ignored[0].outputs[0].token_ids == free
 
@@ -129,6 +186,52 @@ def test_stream_yields_the_same_text_and_never_leaks_a_stop_string(tiny_llm, gre
         streamed += piece
         assert stop not in streamed
     assert streamed == full[: full.index(stop)]
+    assert_engine_idle(tiny_llm)
+
+
+def feed(processor: OutputProcessor, text: str, params: SamplingParams) -> tuple[Sequence, list[str]]:
+    """text's tokens handed to the output processor one step at a time, as a model would produce them;
+    returns the sequence and the text of each step's output."""
+    token_ids = processor.tokenizer.encode(text, add_special_tokens=False)
+    seq = Sequence("r", prompt_token_ids=[1], params=dataclasses.replace(params, max_tokens=len(token_ids)))
+    texts = []
+    for token in token_ids:
+        texts += [out.outputs[0].text for out in processor.process_outputs([seq], ModelRunnerOutput([[token]]))]
+    return seq, texts
+
+
+def test_streamed_text_never_shows_half_a_character(tiny_llm):
+    """A byte-level tokenizer spells é and 🙂 over several tokens, the first ones decoding to U+FFFD:
+    the text waits for the character's last byte instead."""
+    processor = OutputProcessor(tiny_llm.llm_engine.tokenizer)
+    text = "caf\u00e9 \U0001F642 ok"
+    seq, texts = feed(processor, text, SamplingParams(output_kind=RequestOutputKind.CUMULATIVE))
+    assert texts[-1] == text and seq.finish_reason == "length"
+    assert all(text.startswith(t) for t in texts), texts
+
+
+def test_streamed_text_holds_back_only_what_could_still_begin_a_stop_string(tiny_llm):
+    """With stop strings of at most L characters, the last L - 1 characters could be the start of
+    one: those, and no more, wait for the next step."""
+    processor = OutputProcessor(tiny_llm.llm_engine.tokenizer)
+    text = "def fib(n): return n if n < 2 else fib(n - 1) + fib(n - 2)"
+    seq, texts = feed(processor, text, SamplingParams(stop=["~~~", "@"], output_kind=RequestOutputKind.CUMULATIVE))
+    assert texts[-1] == text
+    decoded = decoded_prefixes(tiny_llm, seq.output_token_ids)[1:]
+    assert texts[:-1] == [t[:max(0, len(t) - 2)] for t in decoded[:-1]]
+
+
+def test_a_final_only_request_has_one_output_when_it_finishes(tiny_llm):
+    """What LLM.generate asks for: no output for the steps before, unlike a streamed request."""
+    engine = tiny_llm.llm_engine
+    engine.add_request("final", PROMPTS[0], SamplingParams(temperature=0, max_tokens=5,
+                                                             output_kind=RequestOutputKind.FINAL_ONLY))
+    engine.add_request("streamed", PROMPTS[0], SamplingParams(temperature=0, max_tokens=5))
+    outputs = []
+    while engine.has_unfinished_requests():
+        outputs += [(out.request_id, out.finished) for out in engine.step()]
+    assert [o for o in outputs if o[0] == "final"] == [("final", True)]
+    assert [o for o in outputs if o[0] == "streamed"] == [("streamed", False)] * 4 + [("streamed", True)]
     assert_engine_idle(tiny_llm)
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from minillm import SamplingParams
-from minillm.sample.sampler import Sampler, SamplingMetadata, apply_min_p, apply_top_k_top_p
+from minillm.sample.sampler import Sampler, SamplingMetadata, apply_min_p, apply_top_k_top_p, sampling_probs
 
 PROBS = [0.5, 0.25, 0.15, 0.1]  # no ties, so "which tokens survive" has one answer
 
@@ -29,6 +29,7 @@ def kept(filtered: torch.Tensor) -> set[int]:
     (0.9, {0, 1, 2}),
     (0.95, {0, 1, 2, 3}),
     (1.0, {0, 1, 2, 3}),
+    (math.ulp(0.0), {0}),  # the smallest top_p accepted: the most likely token always stays
 ])
 def test_top_p_keeps_the_smallest_set_reaching_p(top_p, expected):
     assert kept(apply_top_k_top_p(logits_of(PROBS), None, torch.tensor([top_p]))) == expected
@@ -62,6 +63,14 @@ def test_min_p_boundary_is_inclusive():
     assert kept(apply_min_p(logits, torch.tensor([0.25]))) == {0, 1, 2}
     assert kept(apply_min_p(logits, torch.tensor([0.0]))) == {0, 1, 2, 3}
     assert kept(apply_min_p(logits, torch.tensor([1.0]))) == {0}
+
+
+def test_min_p_applies_before_top_p_which_renormalises_what_min_p_left():
+    """vLLM's order. min_p=0.5 leaves {0.5, 0.25}, renormalised {2/3, 1/3}: top_p=0.6 then needs token 0
+    alone. The other way round, top_p would keep two tokens (0.5 < 0.6) and min_p both of them."""
+    meta = SamplingMetadata.from_seqs([_FakeSeq(SamplingParams(min_p=0.5, top_p=0.6))], torch.device("cpu"))
+    probs = sampling_probs(logits_of(PROBS), meta)
+    assert set((probs[0] > 0).nonzero().flatten().tolist()) == {0}
 
 
 def sample_counts(params: SamplingParams, logits: torch.Tensor, n: int = 20000) -> torch.Tensor:
@@ -119,6 +128,17 @@ def test_greedy_rows_take_the_argmax_in_a_mixed_batch_and_bans_apply():
     assert out.token_ids == [1, 2]
 
 
+def test_a_greedy_row_beside_sampling_ones_takes_the_first_argmax_even_on_a_tie():
+    """Greedy is the argmax, deterministic whatever the seed; it must not draw between tied tokens as
+    the sampling rows of its batch draw."""
+    logits = torch.tensor([[0.0, 4.0, 4.0, 1.0]] * 2)
+    seqs = [_FakeSeq(SamplingParams(temperature=0.0)), _FakeSeq(SamplingParams(temperature=1.0))]
+    meta = SamplingMetadata.from_seqs(seqs, torch.device("cpu"))
+    assert not meta.all_greedy
+    for seed in range(20):
+        assert Sampler(torch.Generator().manual_seed(seed))(logits.clone(), meta).token_ids[0] == 1
+
+
 def test_logprobs_are_raw_with_ranks():
     logits = logits_of(PROBS)
     seqs = [_FakeSeq(SamplingParams(temperature=0.0, logprobs=2))]
@@ -155,10 +175,28 @@ def test_logprobs_are_raw_with_ranks():
     (dict(stop_token_ids=[True]), r"stop_token_ids must be token ids in \[0, 2147483647\]"),
     (dict(stop=["x"] * 1025), "stop must have at most 1024 entries, got 1025"),
     (dict(stop_token_ids=list(range(1025))), "stop_token_ids must have at most 1024 entries, got 1025"),
+    (dict(presence_penalty=2.5), r"presence_penalty must be in \[-2.0, 2.0\]"),
+    (dict(frequency_penalty=-2.5), r"frequency_penalty must be in \[-2.0, 2.0\]"),
+    (dict(repetition_penalty=0), r"repetition_penalty must be in \[0.01, 100.0\]"),
+    (dict(repetition_penalty=101), r"repetition_penalty must be in \[0.01, 100.0\]"),
 ])
 def test_bad_sampling_params_name_the_argument(kwargs, message):
     with pytest.raises(ValueError, match=message):
         SamplingParams(**kwargs)
+
+
+@pytest.mark.parametrize("kwargs", [
+    dict(temperature=0), dict(temperature=3.4028234663852886e38), dict(top_p=1), dict(top_p=math.ulp(0.0)),
+    dict(min_p=0), dict(min_p=1), dict(top_k=-1), dict(top_k=0), dict(top_k=1), dict(top_k=2**31 - 1),
+    dict(max_tokens=1), dict(max_tokens=2**31 - 1), dict(min_tokens=4, max_tokens=4),
+    dict(min_tokens=2**31 - 1, max_tokens=None), dict(seed=-(2**63)), dict(seed=2**64 - 1),
+    dict(logprobs=0), dict(logprobs=20), dict(prompt_logprobs=20), dict(presence_penalty=-2),
+    dict(frequency_penalty=2), dict(repetition_penalty=0.01), dict(repetition_penalty=100),
+    dict(stop=["x"] * 1024), dict(stop_token_ids=list(range(1024))), dict(stop_token_ids=[2**31 - 1]),
+], ids=repr)
+def test_the_bounds_themselves_are_accepted(kwargs):
+    """Each range is closed where its message says so: the values at its ends are requests like any other."""
+    SamplingParams(**kwargs)
 
 
 def test_wrong_types_are_type_errors():
@@ -168,6 +206,11 @@ def test_wrong_types_are_type_errors():
         SamplingParams(temperature=None)
     with pytest.raises(TypeError, match="seed must be an integer"):
         SamplingParams(seed=1.5)
+    # A bool is an int to Python, never a number of a request's.
+    with pytest.raises(TypeError, match="top_p must be a number, got bool"):
+        SamplingParams(top_p=True)
+    with pytest.raises(TypeError, match="max_tokens must be an integer, got bool"):
+        SamplingParams(max_tokens=True)
     with pytest.raises(TypeError, match="stop_token_ids must be a list, got int"):
         SamplingParams(stop_token_ids=5)
     with pytest.raises(TypeError, match="stop must be a list, got int"):

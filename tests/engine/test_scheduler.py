@@ -237,3 +237,131 @@ def test_the_scheduler_neither_imports_the_output_processor_nor_appends_tokens()
     batch = scheduler.schedule()
     scheduler.update(batch, produced(batch))
     assert seq.num_output_tokens == 0 and seq.num_computed_tokens == 3
+
+
+def spec_scheduler(budget: int, k: int, blocks: BlockManager | None = None) -> Scheduler:
+    """A scheduler for a speculating engine: each decode reserves k lookahead slots."""
+    config = SchedulerConfig(4, budget, num_lookahead_slots=k)
+    return Scheduler(config, PagedKVCacheManager(blocks or BlockManager(32, BLOCK_SIZE)))
+
+
+def prefilled(scheduler: Scheduler, *seqs: Sequence) -> None:
+    """Admit seqs and run their prompts in one step: each then decodes."""
+    for seq in seqs:
+        scheduler.add_request(seq)
+    batch = scheduler.schedule()
+    assert batch.do_sample == [True] * len(seqs)
+    finish_step(scheduler, batch, produced(batch, 9))
+
+
+@pytest.mark.parametrize("max_tokens, budget, drafts", [
+    (20, 64, 3),  # k drafts
+    (4, 64, 2),  # 3 tokens left: the step emits at most drafts + 1 of them
+    (2, 64, 0),  # 1 token left: nothing to draft
+    (20, 3, 2),  # the budget holds the decode and 2 drafts only
+], ids=["k", "near-max-tokens", "last-token", "small-budget"])
+def test_a_decode_reserves_lookahead_slots_within_max_tokens_and_the_budget(max_tokens, budget, drafts):
+    """Drafts past max_tokens could never be kept, and a decode with its drafts must fit the step's
+    budget like any other work."""
+    scheduler = spec_scheduler(budget, 3)
+    seq = Sequence("r", prompt_token_ids=[1, 2, 3], params=SamplingParams(max_tokens=max_tokens))
+    prefilled(scheduler, seq)
+    batch = scheduler.schedule()
+    assert (batch.num_new_tokens, batch.num_spec_tokens) == ([1 + drafts], [drafts])
+    assert batch.num_batched_tokens <= budget
+    assert len(seq.block_table) == scheduler.kv_cache_manager.block_manager.blocks_needed(seq.num_tokens + drafts)
+
+
+def test_decodes_with_lookahead_that_use_up_the_budget_leave_the_rest_for_the_next_step():
+    """Each decode takes 1 + k of the budget: once it is spent, the others wait for the next step
+    rather than join this one with nothing to compute."""
+    scheduler = spec_scheduler(5, 2)
+    seqs = [Sequence(f"r{i}", prompt_token_ids=[i], params=SamplingParams(max_tokens=20)) for i in range(3)]
+    prefilled(scheduler, *seqs)
+    batch = scheduler.schedule()
+    assert list(zip([s.request_id for s in batch.seqs], batch.num_new_tokens, batch.num_spec_tokens)) == [
+        ("r0", 3, 2), ("r1", 2, 1)]
+
+
+def verify(scheduler: Scheduler, seq: Sequence, accepted: int, last: int = 9) -> ScheduledBatch:
+    """A speculative step of seq alone: its drafts (tokens 100, 101, ...) verified, the first `accepted`
+    kept, then the target's own token `last`."""
+    batch = scheduler.schedule()
+    assert batch.seqs == [seq]
+    drafts = [100 + j for j in range(batch.num_spec_tokens[0])]
+    finish_step(scheduler, batch, ModelRunnerOutput([drafts[:accepted] + [last]], spec_token_ids=[drafts]))
+    return batch
+
+
+def test_update_keeps_the_accepted_drafts_computed_and_gives_back_the_rejected_ones_blocks():
+    blocks = BlockManager(32, BLOCK_SIZE)
+    scheduler = spec_scheduler(64, 4, blocks)
+    seq = Sequence("r", prompt_token_ids=[1, 2, 3, 4], params=SamplingParams(max_tokens=20))
+    prefilled(scheduler, seq)  # 5 tokens, 4 computed
+    batch = verify(scheduler, seq, accepted=1)  # the step reserved 5 + 4 slots: 3 blocks
+    assert batch.num_spec_tokens == [4] and seq.output_token_ids == [9, 100, 9]
+    # The token the step sampled is the next decode's input; everything before it is in the cache.
+    assert seq.num_computed_tokens == seq.num_tokens - 1 == 6
+    # The third block held rejected drafts only: back in the pool.
+    assert len(seq.block_table) == 2 and blocks.num_free_blocks == blocks.num_blocks - 2
+    batch = scheduler.schedule()  # the next step is a decode, with drafts again
+    assert (batch.num_new_tokens, batch.num_spec_tokens) == ([5], [4])
+
+
+def test_a_stop_among_the_accepted_drafts_counts_only_the_tokens_kept_as_computed():
+    """The drafts after a stop were verified, but the sequence ends before them: what reaches the prefix
+    cache is full blocks of the tokens kept, never a block the cut left partly filled."""
+    blocks = BlockManager(32, BLOCK_SIZE)
+    scheduler = spec_scheduler(64, 4, blocks)
+    seq = Sequence("r", prompt_token_ids=[1, 2, 3, 4], params=SamplingParams(max_tokens=20, stop_token_ids=[101]))
+    prefilled(scheduler, seq)
+    verify(scheduler, seq, accepted=4)  # all four kept, but the second one stops the sequence
+    assert (seq.output_token_ids, seq.finish_reason) == ([9, 100, 101], "stop")
+    assert seq.num_computed_tokens <= seq.num_tokens
+    assert blocks.num_cached_blocks == 1 and blocks.num_free_blocks == blocks.num_blocks
+
+
+def test_a_sequence_preempted_while_its_step_was_in_flight_still_finishes():
+    """Async scheduling: the next step may preempt a sequence before the step it ran in is read. If
+    that step's token ends it, it leaves the queue and frees everything instead of running again."""
+    scheduler = paged_scheduler(2, 64, BlockManager(16, BLOCK_SIZE))
+    seq = Sequence("r", prompt_token_ids=[1, 2, 3], params=SamplingParams(max_tokens=1))
+    scheduler.add_request(seq)
+    batch = scheduler.schedule()
+    scheduler.preempt(seq)  # as the next step's scheduling would, short of memory
+    finish_step(scheduler, batch, produced(batch))
+    assert seq.is_finished and seq.finish_reason == "length"
+    assert not scheduler.has_unfinished_requests() and scheduler.schedule().seqs == []
+
+
+def test_the_preempted_sequence_goes_back_first_in_line_with_nothing_computed():
+    """The newest running sequence is the victim; it is recomputed before anyone who arrived after it,
+    keeps the prefix-cache hits of its first admission as its own, and its draft has computed nothing
+    either (the blocks that held the draft's K/V are gone too)."""
+    blocks = BlockManager(4, BLOCK_SIZE)
+    scheduler = paged_scheduler(2, 64, blocks)
+    old = Sequence("old", prompt_token_ids=list(range(8)), params=SamplingParams(max_tokens=8))
+    new = Sequence("new", prompt_token_ids=list(range(10, 18)), params=SamplingParams(max_tokens=8))
+    later = Sequence("later", prompt_token_ids=[1, 2], params=SamplingParams(max_tokens=2))
+    prefilled(scheduler, old, new)  # 9 tokens each, 8 computed: all four blocks
+    scheduler.add_request(later)
+    new.num_draft_computed_tokens = 8  # as a draft model would have
+    batch = scheduler.schedule()  # old's decode needs a third block: new goes
+    assert batch.seqs == [old] and batch.preempted == [new]
+    assert [s.request_id for s in scheduler.waiting] == ["new", "later"]
+    assert (new.num_computed_tokens, new.num_draft_computed_tokens, new.num_cached_tokens) == (0, 0, 0)
+    finish_step(scheduler, batch, produced(batch))
+    scheduler.finish(old)
+    batch = scheduler.schedule()  # new again, its first block a prefix-cache hit now
+    assert batch.seqs[0] is new and new.num_computed_tokens == BLOCK_SIZE
+    assert new.num_cached_tokens == 0  # as first admitted: what the user's request found in the cache
+
+
+def test_a_step_puts_single_token_work_first():
+    """Decodes first (and any sequence with a single token left): attention then runs them through the
+    decode kernel in one call and only the rest through prefill."""
+    scheduler = paged_scheduler(4, 64, BlockManager(16, BLOCK_SIZE))
+    for request_id, prompt in (("long", [1, 2, 3, 4, 5]), ("one", [6])):
+        scheduler.add_request(Sequence(request_id, prompt_token_ids=prompt, params=SamplingParams(max_tokens=4)))
+    batch = scheduler.schedule()
+    assert [(s.request_id, n) for s, n in zip(batch.seqs, batch.num_new_tokens)] == [("one", 1), ("long", 5)]

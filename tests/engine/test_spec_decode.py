@@ -162,6 +162,27 @@ def test_stops_inside_an_accepted_run_cut_where_plain_decoding_does():
                     assert y[t].logprob == pytest.approx(x[t].logprob, abs=1e-4)
 
 
+def test_min_tokens_ending_inside_a_verified_run_ban_the_stop_token_only_before_it(prompts):
+    """A step that verifies k drafts samples k + 1 positions of one sequence: the stop token is banned
+    at those before min_tokens and allowed from there, as plain decoding allows it one step at a time.
+    The target is its own draft, so every draft is kept and a step emits tokens 1-5, 6-10, ..."""
+    plain_llm = LLM("tiny", **ENGINE)
+    free = [o.outputs[0].token_ids for o in plain_llm.generate(
+        prompts, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True), use_tqdm=False)]
+    chosen, params = [], []
+    for prompt, tokens in zip(prompts, free):
+        # The first occurrence of a token, at a position inside a run: min_tokens lets it stop there.
+        i = next((i for i in range(2, len(tokens)) if tokens.index(tokens[i]) == i and i % 5 != 1), None)
+        if i is not None:
+            chosen.append(prompt)
+            params.append(SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, min_tokens=i,
+                                         stop_token_ids=[tokens[i]]))
+    plain = [o.outputs[0].token_ids for o in plain_llm.generate(chosen, params, use_tqdm=False)]
+    assert len(plain) >= 4 and all(len(tokens) == p.min_tokens + 1 for tokens, p in zip(plain, params))
+    llm = LLM("tiny", speculative_config=spec({"model": "tiny"}, 4), **ENGINE)
+    assert generate(llm, chosen, params) == plain
+
+
 def test_counters_and_trace(prompts):
     llm = LLM("tiny", speculative_config=spec(DRAFT, 4), **ENGINE)
     with record(llm) as trace:
