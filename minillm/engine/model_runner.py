@@ -49,7 +49,7 @@ class ModelRunner:
         # A decode step of max_num_seqs rows must fit too, whatever the token budget.
         self.max_num_tokens = max(config.max_num_batched_tokens, config.max_num_seqs)
         # Every staged buffer in one arena, so that a step's inputs reach the device in one copy: the token
-        # ids first, then the attention metadata (and a draft model's, added by set_proposer).
+        # ids first, then the attention metadata (and a draft model's, made with the proposer).
         self.buffers = InputBuffers(self.max_num_tokens, StagingArena(device))
         self.attn_backend = create_attention_backend(kv_cache_manager, model.ops, model.config.head_dim,
                                                      self.max_num_tokens, config.max_num_seqs, max_model_len,

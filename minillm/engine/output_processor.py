@@ -166,7 +166,7 @@ class OutputProcessor:
 
 def rust_decode(tokenizer) -> Callable[..., str] | None:
     """The decode of a fast tokenizer's Rust backend, where transformers' own adds nothing to it: the
-    same text for a fifth of the time (transformers converts and checks each id in Python first),
+    same text in a third of the time (transformers converts and checks each id in Python first),
     which counts when every streamed sequence decodes twice a step. None otherwise (a slow tokenizer,
     or a class whose decoding is its own)."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
