@@ -1,6 +1,7 @@
 """On a CUDA GPU: parity with transformers in bfloat16, CUDA-graph decode against eager steps, a
-greedy decode step that waits for the device only to read its tokens, a draft model that never
-waits for its k drafts, and a greedy speculative step that waits once in all.
+greedy decode step that waits for the device only to read its tokens and sends its inputs in one
+copy, a draft model that never waits for its k drafts, and a greedy speculative step that waits
+once in all.
 Skipped where there is no GPU (CI has none); run it on one with `pytest tests/kernels/test_gpu.py`, or with
 every other GPU test and benchmark through scripts/gpu_check.sh."""
 
@@ -165,3 +166,19 @@ def test_a_greedy_speculative_step_waits_for_the_device_once():
     syncs, outputs = syncs_of(engine.step)
     assert sorted(out.request_id for out in outputs) == [f"greedy-{i}" for i in range(3)]
     assert len(syncs) == 1, syncs
+
+
+@pytest.mark.parametrize("kwargs,copies", [({}, 1), ({"async_scheduling": True}, 1),
+                                           ({"speculative_config": {"model": "tiny-draft",
+                                                                    "num_speculative_tokens": 4}}, 2)])
+def test_a_replayed_step_sends_its_inputs_in_one_copy(kwargs, copies):
+    """Token ids, positions, logits rows and the attention metadata of a graphed step, staged in pinned
+    memory and sent in one copy (utils/staging.py); a speculative step sends the draft's first step's
+    and the target's."""
+    engine = decoding_engine(**kwargs)
+    arena = engine.model_runner.buffers.arena
+    assert arena.host.is_pinned()
+    before = arena.num_copies
+    for _ in range(4):
+        engine.step()
+    assert arena.num_copies - before == 4 * copies
