@@ -44,8 +44,8 @@ class DraftModelProposer:
     def __init__(self, model: CausalLM, attn_backend: PagedAttention, buffers: InputBuffers,
                  generator: torch.Generator) -> None:
         """attn_backend: over the draft's own pool, read through the target's block tables; buffers:
-        the runner's token ids and positions (the draft runs before the target in a step); generator:
-        for unseeded requests."""
+        the draft's token ids and positions, in the runner's staging arena with attn_backend's
+        metadata; generator: for unseeded requests."""
         self.model = model
         self.attn_backend = attn_backend
         self.buffers = buffers

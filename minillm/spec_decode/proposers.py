@@ -52,8 +52,8 @@ def create_proposer(config: SpeculativeConfig, draft: tuple[CausalLM, ModelConfi
                     generator: torch.Generator, kv_cache_dtype: str) -> Proposer:
     """draft: from load_draft_model, for method "draft_model". Its pool has as many blocks as the
     target's, in the target's dtype, and is read through the target's block tables by an attention
-    backend of its own, sized as the target's, on the draft model's kernels (the engine's), its
-    metadata staged in the runner's arena with the token ids the draft shares."""
+    backend of its own, sized as the target's, on the draft model's kernels (the engine's); buffers: the
+    runner's, whose arena stages the draft's inputs too."""
     if config.method == "ngram":
         return NgramProposer(config)
     model, model_config = draft
@@ -61,6 +61,9 @@ def create_proposer(config: SpeculativeConfig, draft: tuple[CausalLM, ModelConfi
     dtype = next(model.parameters()).dtype
     pool = KVPool(model_config, kv_cache_manager.num_blocks, kv_cache_manager.block_size, dtype,
                   target_pool.kv_caches[0].device, kv_cache_dtype)
+    # Token ids and positions of its own, beside its metadata in the runner's arena: what a draft step
+    # stages lies together, and goes over in one copy.
+    draft_buffers = InputBuffers(target_attn.max_num_tokens, buffers.arena)
     attn = PagedAttention(pool, model.ops, model_config.head_dim, target_attn.max_num_tokens, target_attn.max_num_seqs,
                           target_attn.max_model_len, buffers.arena)
-    return DraftModelProposer(model, attn, buffers, generator)
+    return DraftModelProposer(model, attn, draft_buffers, generator)

@@ -138,9 +138,10 @@ def test_no_pinned_memory_means_pageable_copies_and_pinning_can_be_turned_off(mo
                                                                             "num_speculative_tokens": 3}}, 2)])
 def test_a_decode_step_reaches_the_device_in_one_copy_a_speculative_one_in_two(args, copies_per_step):
     """The padded path of the CUDA graphs, run eagerly: every buffer of the step (token ids, positions,
-    logits rows, the attention metadata, the rows of tokens taken on the device) in one flush; a
-    speculative step flushes the draft's first step and the target's."""
-    llm = LLM("tiny", device="cpu", dtype="float32", skip_tokenizer_init=True, max_num_seqs=4, **args)
+    logits rows, the attention metadata, the rows of tokens taken on the device) in one flush of one
+    copy; a speculative step flushes the draft's first step and the target's. With the default 256
+    sequences, each model's block tables (128 KiB) lie between the other's buffers and its own."""
+    llm = LLM("tiny", device="cpu", dtype="float32", skip_tokenizer_init=True, **args)
     engine = llm.llm_engine
     engine.model_runner.capture_cuda_graphs(capture=False)
     params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
