@@ -140,6 +140,31 @@ def test_padded_decode_generates_what_eager_steps_do(hf_checkpoint, backend):
         assert logprobs_padded == pytest.approx(logprobs, abs=1e-4)
 
 
+def test_a_step_replays_the_smallest_shape_that_holds_it_and_none_past_every_bound():
+    """Decodes by sequence count, up to and including the largest decode graph; other steps by token
+    count, with a sequence row per token and one more, and logits at up to max_num_logits rows; a
+    step past the tokens, the sequences or the logits of every graph runs eagerly (None)."""
+    llm = LLM("tiny", skip_tokenizer_init=True, dtype="float32", max_num_seqs=4, max_num_batched_tokens=24)
+    runner = llm.llm_engine.model_runner
+    runner.capture_cuda_graphs(capture=False)
+    graphs = runner.cuda_graphs
+    assert (graphs.decode_sizes, graphs.token_sizes, graphs.max_num_logits) == ([1, 2, 4], [8, 16, 24], 4)
+
+    def decode(n: int) -> BatchDescriptor:
+        return BatchDescriptor(n, n, n, uniform_decode=True)
+
+    def ragged(tokens: int) -> BatchDescriptor:
+        return BatchDescriptor(tokens, min(tokens, 4) + 1, min(tokens, 4), uniform_decode=False)
+
+    assert [graphs.descriptor([1] * n, [1] * n) for n in (1, 2, 3, 4)] == [decode(1), decode(2), decode(4), decode(4)]
+    # One token each but a row without logits (a draft model's catch-up): not a uniform decode.
+    assert graphs.descriptor([1, 1], [1, 0]) == ragged(8)
+    assert [graphs.descriptor([n], [1]) for n in (8, 9, 16, 24)] == [ragged(8), ragged(16), ragged(16), ragged(24)]
+    assert graphs.descriptor([25], [1]) is None  # more tokens than the largest graph
+    assert graphs.descriptor([2] * 5, [1] * 5) is None  # more sequences than its rows
+    assert graphs.descriptor([3, 3], [3, 2]) is None  # more logits than its output (prompt logprobs)
+
+
 def test_enforce_eager_and_cudagraph_mode_are_validated():
     with pytest.raises(ValueError, match="enforce_eager must be True or False, got 'yes'"):
         LLM("tiny", enforce_eager="yes")

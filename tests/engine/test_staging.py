@@ -90,6 +90,18 @@ def test_staged_values_reach_the_device_with_the_flush_and_far_ranges_take_a_cop
     assert copying.num_copies == 3  # nothing staged since: nothing copied
 
 
+def test_a_flush_copies_every_range_staged_in_any_order_padding_included(copying):
+    """A step stages its buffers in whatever order its code runs, and a buffer's padding rows are
+    staged as much as its values: the later buffer first, its padding the last bytes written."""
+    first = copying.buffer(4, dtype=torch.int32, fill=7)
+    second = copying.buffer(4, dtype=torch.int32, fill=7)
+    second.stage([5], num_rows=3, pad=-1)
+    first.stage([1, 2])
+    copying.flush()
+    assert first.tensor.tolist() == [1, 2, 7, 7] and second.tensor.tolist() == [5, -1, -1, 7]
+    assert copying.num_copies == 1
+
+
 class FakeEvent:
     """Records when the host waited for the last copy out of the block, and what it held then."""
 
