@@ -161,7 +161,7 @@ def test_a_step_replays_the_smallest_shape_that_holds_it_and_none_past_every_bou
     assert graphs.descriptor([1, 1], [1, 0]) == ragged(8)
     assert [graphs.descriptor([n], [1]) for n in (8, 9, 16, 24)] == [ragged(8), ragged(16), ragged(16), ragged(24)]
     assert graphs.descriptor([25], [1]) is None  # more tokens than the largest graph
-    assert graphs.descriptor([2] * 5, [1] * 5) is None  # more sequences than its rows
+    assert graphs.descriptor([2] * 5, [0] * 5) is None  # more sequences than its rows (prompt chunks)
     assert graphs.descriptor([3, 3], [3, 2]) is None  # more logits than its output (prompt logprobs)
 
 
