@@ -124,7 +124,7 @@ class StagingArena:
             return
         merged = [list(ranges[0])]
         for start, end in ranges[1:]:
-            if start - merged[-1][1] <= MERGE_GAP:
+            if start - merged[-1][1] < MERGE_GAP:
                 merged[-1][1] = max(merged[-1][1], end)
             else:
                 merged.append([start, end])

@@ -115,6 +115,22 @@ def test_penalties_and_seeds_beside_greedy_requests():
     assert any(ahead)
 
 
+def test_no_step_of_penalized_requests_is_left_in_flight():
+    """Left in flight, a penalized request's next step would count the placeholder of its newest token
+    (engine/async_step.py) instead of the token itself. Whether that changes a greedy token depends
+    on the model's logits (here it did not), so the test checks the rule itself: with penalties in
+    every request, every step is read before the next one is queued, and the tokens are the
+    synchronous engine's."""
+    prompts = [{"prompt_token_ids": [7] * 12}, {"prompt_token_ids": PREFIX}]
+    params = [SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, frequency_penalty=2.0),
+              SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, presence_penalty=1.5)]
+    want = step_until_done(LLM("tiny", **engine_args(skip_tokenizer_init=True)), prompts, params)
+    llm = LLM("tiny", **engine_args(skip_tokenizer_init=True), async_scheduling=True)
+    ahead = ran_ahead(llm)
+    assert_same(step_until_done(llm, prompts, params), want)
+    assert not any(ahead)
+
+
 def test_a_request_id_aborted_and_added_again_while_its_step_is_in_flight():
     """The new request shares only the id: its prompt is its own, not the old request's next token."""
     prompts = [{"prompt_token_ids": PREFIX + [40 + i]} for i in range(2)]
