@@ -89,7 +89,8 @@ def test_padded_steps_of_every_shape_generate_what_unpadded_ones_do(backend, fea
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True, logprobs=1) for n in lengths]
     abort = "abort" in features
     abort_step = ABORT_STEP if abort else None
-    plain = step_until_done(LLM("tiny", **args), prompts, params, abort_step)
+    unpadded = LLM("tiny", **args)
+    plain = step_until_done(unpadded, prompts, params, abort_step)
     llm = LLM("tiny", **args)
     shapes = padded(llm)
     with record(llm) as trace:
@@ -107,6 +108,9 @@ def test_padded_steps_of_every_shape_generate_what_unpadded_ones_do(backend, fea
         # difference can move a value across a rounding boundary, a whole step of the quantization.
         assert logprobs == pytest.approx(ref_logprobs, abs=1e-4 if "int8 cache" in features else 1e-5)
     assert any(b.uniform_decode for b in shapes) and any(not b.uniform_decode for b in shapes), shapes
+    # The drafts too: the target keeps its own greedy tokens whatever a draft proposes, so only the
+    # acceptance shows a padded draft step that computed something else.
+    assert llm.llm_engine.spec_decoding_stats == unpadded.llm_engine.spec_decoding_stats
     blocks = llm.llm_engine.block_manager
     assert blocks.num_free_blocks == blocks.num_blocks, "KV blocks leaked"
 
