@@ -42,7 +42,11 @@ def test_the_paged_backend_stages_slots_lengths_and_tables_in_its_own_tensors():
         assert staged.data_ptr() == own.tensor.data_ptr()  # a view, never a new tensor
 
     # Padded to a graph's 8 tokens and 4 sequence rows: the padding tokens store nothing and belong
-    # to the last sequence row, which has no keys; the rows between own nothing.
+    # to the last sequence row, which has no keys; the rows between own nothing, whatever a step of
+    # more sequences left in them (a draft's next step moves every row with keys one slot on).
+    c = Sequence("c", prompt_token_ids=range(2))
+    c.block_table = [4]
+    build([a, b, c], [6, 0, 1], [1, 3, 1], BatchDescriptor(8, 4, 4, uniform_decode=False))
     padded = build([a, b], [6, 0], [1, 3], BatchDescriptor(8, 4, 4, uniform_decode=False))
     assert padded.query_start_loc == [0, 1, 4]  # the batch's own, for the logits
     assert padded.slot_mapping.tolist() == [10, 20, 21, 22, -1, -1, -1, -1]
