@@ -143,7 +143,7 @@ class OutputProcessor:
             entry.setdefault(tid, Logprob(lp, rank))
         if self.tokenizer is not None:
             for tid, lp in entry.items():
-                lp.decoded_token = self._decode([tid]) if self._decode is not None else self.tokenizer.decode([tid])
+                lp.decoded_token = self.tokenizer.decode([tid])
         return entry
 
     @staticmethod
@@ -164,6 +164,11 @@ class OutputProcessor:
                              prompt_logprobs=None if seq.needs_prompt_logprobs else seq.prompt_logprobs)
 
 
+# Where transformers defines a fast tokenizer's _decode as its backend's decode plus an optional clean-up
+# of spaces (never asked for here): 5.x, then 4.x.
+_PLAIN_FAST_DECODE = ("transformers.tokenization_utils_tokenizers", "transformers.tokenization_utils_fast")
+
+
 def rust_decode(tokenizer) -> Callable[..., str] | None:
     """The decode of a fast tokenizer's Rust backend, where transformers' own adds nothing to it: the
     same text in a third of the time (transformers converts and checks each id in Python first),
@@ -174,8 +179,3 @@ def rust_decode(tokenizer) -> Callable[..., str] | None:
     if backend is None or owner is None or owner.__module__ not in _PLAIN_FAST_DECODE:
         return None
     return backend.decode
-
-
-# Where transformers defines a fast tokenizer's _decode as its backend's decode plus an optional clean-up
-# of spaces (never asked for here): 5.x, then 4.x.
-_PLAIN_FAST_DECODE = ("transformers.tokenization_utils_tokenizers", "transformers.tokenization_utils_fast")

@@ -81,7 +81,7 @@ class StagingArena:
         self._dirty: list[tuple[int, int]] = []  # byte ranges written since the last flush
         self._copied: torch.cuda.Event | None = None  # recorded after each copy out of a pinned block
         self._in_flight = False  # whether a flush since the last wait may still be reading the host block
-        self.num_copies = 0  # copies made by flushes, for tests and benchmarks
+        self.num_copies = 0  # copies made by flushes, which the tests count
 
     def buffer(self, *shape: int, dtype: torch.dtype, fill: int = 0) -> CpuGpuBuffer:
         if self.host is not None:
@@ -109,6 +109,8 @@ class StagingArena:
     def mark(self, start: int, end: int) -> None:
         """The host block's bytes [start, end) written, to be copied by the next flush; waits first, at
         a step's first write, until the last flush's copy has read the block."""
+        if self.host is self.device_block:
+            return  # the arrays are the tensors: nothing to copy
         if self._in_flight:
             self._copied.synchronize()
             self._in_flight = False
@@ -120,8 +122,6 @@ class StagingArena:
         if not self._dirty:
             return
         ranges, self._dirty = sorted(self._dirty), []
-        if self.host is self.device_block:
-            return
         merged = [list(ranges[0])]
         for start, end in ranges[1:]:
             if start - merged[-1][1] < MERGE_GAP:
