@@ -50,9 +50,9 @@ def test_gpu_check_runs_dry_and_lists_tiers_steps_and_estimates(tmp_path):
         assert (SCRIPTS.parent / path).exists(), path
 
 
-def test_a_dry_run_needs_no_outdir():
+def test_a_dry_run_needs_no_outdir(tmp_path):
     result = subprocess.run(["bash", str(SCRIPTS / "gpu_check.sh"), "--dry-run"], capture_output=True, text=True,
-                            timeout=60)
+                            timeout=60, env={**os.environ, "TMPDIR": str(tmp_path)})  # its scratch folder stays here
     assert result.returncode == 0, result.stderr
     assert "| 1 | env | NOT RUN: dry run" in result.stdout
 

@@ -59,9 +59,16 @@ def with_expected_outputs(notebook: Path, dest: Path) -> Path:
 
 def run_nbval(notebook: Path, timeout: int, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """nbval in lax mode: every cell must run without error; only checked cells are compared. `env`
-    adds to the environment the notebook runs in."""
+    adds to the environment the notebook runs in. The kernel's temporary files go to `scratch(notebook)`,
+    beside the notebook's copy, so that what a run leaves behind can be seen there."""
     sanitize = Path(__file__).parent / "nbval_sanitize.cfg"
+    scratch(notebook).mkdir(exist_ok=True)
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--nbval-lax", "--nbval-current-env",
            "--nbval-sanitize-with", str(sanitize), "--rootdir", str(notebook.parent), "-o", "addopts=", str(notebook)]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=notebook.parent,
-                          env={**os.environ, **NOTEBOOK_ENV, **(env or {})})
+                          env={**os.environ, **NOTEBOOK_ENV, "TMPDIR": str(scratch(notebook)), **(env or {})})
+
+
+def scratch(notebook: Path) -> Path:
+    """The temporary folder of the kernel that runs `notebook` (a copy in a test's own folder)."""
+    return notebook.parent / "tmp"

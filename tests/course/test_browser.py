@@ -539,8 +539,10 @@ def jupyter_lab(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     # The learner's own Jupyter folders stay out: their kernelspecs (a "python3" there could point at
-    # another Python), settings and workspaces. The kernel inherits the notebooks' test environment.
-    env = {**os.environ, **NOTEBOOK_ENV, "JUPYTER_CONFIG_DIR": str(dirs["config"]),
+    # another Python), settings and workspaces. The kernel inherits the notebooks' test environment,
+    # and its temporary files stay in this test's folder.
+    (tmp_path / "tmp").mkdir()
+    env = {**os.environ, **NOTEBOOK_ENV, "TMPDIR": str(tmp_path / "tmp"), "JUPYTER_CONFIG_DIR": str(dirs["config"]),
            "JUPYTER_DATA_DIR": str(dirs["data"]), "JUPYTERLAB_SETTINGS_DIR": str(dirs["settings"]),
            "JUPYTERLAB_WORKSPACES_DIR": str(dirs["workspaces"])}
     cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}",

@@ -15,18 +15,21 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from notebook_runs import chapter_notebooks, run_nbval, runs_at_once, with_expected_outputs
+from notebook_runs import chapter_notebooks, run_nbval, runs_at_once, scratch, with_expected_outputs
 
 from minillm.course.run_time import RUN_TIMES
 
 BUDGET_SECONDS = 120  # per notebook, on one of a 2-core CPU's cores
 
 
-def _timed_run(notebook: Path, dest: Path) -> tuple[subprocess.CompletedProcess, float]:
+def _timed_run(notebook: Path, dest: Path) -> tuple[subprocess.CompletedProcess, float, list[str]]:
+    """nbval's result, the seconds it took and what the kernel left in its temporary folder."""
     copy = with_expected_outputs(notebook, dest)
     start = time.perf_counter()
     result = run_nbval(copy, timeout=3 * BUDGET_SECONDS, env={"OMP_NUM_THREADS": "1"})
-    return result, time.perf_counter() - start
+    # torch's compile cache is shared by every run, not left by this one.
+    left = sorted(p.name for p in scratch(copy).iterdir() if not p.name.startswith("torchinductor_"))
+    return result, time.perf_counter() - start, left
 
 
 def _chapter_seconds(notebook: Path) -> int:
@@ -48,6 +51,8 @@ def nbval_runs(request, tmp_path_factory) -> Iterator[dict[Path, Future]]:
 @pytest.mark.slow
 @pytest.mark.parametrize("notebook", chapter_notebooks(), ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_notebook_runs_under_nbval(notebook, nbval_runs):
-    result, elapsed = nbval_runs[notebook].result()
+    result, elapsed, left = nbval_runs[notebook].result()
     assert result.returncode == 0, f"nbval failed on {notebook.name}:\n{result.stdout[-6000:]}\n{result.stderr[-2000:]}"
     assert elapsed < BUDGET_SECONDS, f"{notebook.name} took {elapsed:.0f}s (budget {BUDGET_SECONDS}s)"
+    # A learner runs a chapter many times: a model written to /tmp on every run filled CI's disk.
+    assert not left, f"{notebook.name} left temporary files behind when its kernel stopped: {left}"
