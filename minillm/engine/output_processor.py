@@ -92,8 +92,11 @@ class OutputProcessor:
         ids = seq.token_ids
         before = self.decode(ids[seq.prefix_offset:seq.read_offset], seq)
         after = self.decode(ids[seq.prefix_offset:], seq)
-        if len(after) <= len(before) or after.endswith("\ufffd"):
+        if after.endswith("\ufffd") or len(after) < len(before):
             return 0  # wait for the rest of the character
+        if after == before:  # tokens with no text of their own (skipped special tokens): the window moves on
+            seq.prefix_offset, seq.read_offset = seq.read_offset, len(ids)
+            return 0
         seq.prefix_offset, seq.read_offset = seq.read_offset, len(ids)
         seq.output_text += after[len(before):]
         return len(after) - len(before)

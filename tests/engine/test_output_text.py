@@ -62,3 +62,18 @@ def test_only_a_fast_tokenizer_that_decodes_as_its_backend_gets_the_rust_decode(
     own.__class__ = OwnDecoding
     assert rust_decode(own) is None
     assert OutputProcessor(own).decode([1, 2], Sequence("r")) == "its own"
+
+
+def test_a_run_of_skipped_special_tokens_keeps_the_window_short(tokenizer):
+    """Each step decodes the window twice: were it to keep every token that added no text, a run of
+    special tokens would make each step's decode longer than the last."""
+    ids = tokenizer("a run of padding, then text", add_special_tokens=False)["input_ids"]
+    tokens = ids[:3] + [tokenizer.all_special_ids[0]] * 50 + ids[3:]
+    seq = Sequence("r", prompt_token_ids=ids[:2], params=SamplingParams(
+        max_tokens=len(tokens), ignore_eos=True, skip_special_tokens=True, output_kind=RequestOutputKind.CUMULATIVE))
+    processor, widest = OutputProcessor(tokenizer), 0
+    for token in tokens:
+        processor.process_outputs([seq], ModelRunnerOutput([[token]]))
+        widest = max(widest, len(seq.token_ids) - seq.prefix_offset)
+    assert seq.output_text == tokenizer.decode(tokens, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+    assert widest <= 3
