@@ -6,12 +6,16 @@ CUDA graphs; no KV block may leak and no finished request may be counted twice."
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from conftest import ENGINE_FEATURES, step_until_done
 
 from minillm import LLM, SamplingParams
+from minillm.engine.async_step import placeholders
 from minillm.engine.trace import record
+from minillm.sequence import Sequence, SequenceStatus
 
 PREFIX = [5, 9, 2, 7] * 4
 FEATURES = {**ENGINE_FEATURES, "contiguous cache": {"kv_cache": "contiguous"}}
@@ -213,3 +217,22 @@ def test_replayed_graphs_generate_what_the_synchronous_engine_does():
     ahead = ran_ahead(llm)
     assert_same(step_until_done(llm, prompts, params), want, atol=1e-4)
     assert sum(n > 0 for n in ahead) > len(ahead) // 2, ahead
+
+
+def test_placeholders_undo_what_they_did_except_for_a_sequence_preempted_meanwhile():
+    """While the next step is scheduled, the in-flight step's sequences look computed and one token
+    longer; after, they are as they were, but one preempted in between keeps the fresh start that
+    preemption gave it (0 computed tokens, never fewer)."""
+    kept, preempted, aborted = (Sequence(r, prompt_token_ids=[3, 1, 4, 1, 5], params=SamplingParams(max_tokens=4))
+                                for r in "abc")
+    for seq in (kept, preempted, aborted):
+        seq.status = SequenceStatus.RUNNING
+    aborted.status = SequenceStatus.FINISHED  # aborted since the step was queued
+    step = SimpleNamespace(batch=SimpleNamespace(seqs=[kept, preempted, aborted], num_new_tokens=[5, 5, 5]),
+                           output=SimpleNamespace(token_rows={kept: 0, preempted: 1, aborted: 2}))
+    with placeholders(step):
+        assert [s.num_computed_tokens for s in (kept, preempted, aborted)] == [5, 5, 0]
+        assert [len(s.token_ids) for s in (kept, preempted, aborted)] == [6, 6, 5]
+        preempted.num_computed_tokens, preempted.status = 0, SequenceStatus.WAITING  # as Scheduler.preempt does
+    assert [s.num_computed_tokens for s in (kept, preempted, aborted)] == [0, 0, 0]
+    assert [s.token_ids for s in (kept, preempted, aborted)] == [[3, 1, 4, 1, 5]] * 3

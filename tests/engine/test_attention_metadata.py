@@ -54,6 +54,11 @@ def test_the_paged_backend_stages_slots_lengths_and_tables_in_its_own_tensors():
     assert padded.block_tables.shape == (4, 64 // 4) and padded.block_tables[:2, :2].tolist() == [[7, 2], [5, 0]]
     # Bounds of the shape, not of the batch: the same launch for every batch padded to it.
     assert (padded.decode_only, padded.max_query_len, padded.max_seq_len) == (False, 8, engine.max_model_len)
+    # A draft's next step, made on the device from this one: each sequence one token on (a at position
+    # 7, block 2 slot 3; b at 3, block 5 slot 3), the padding rows still storing and attending to nothing.
+    assert backend.advance_decode(4).tolist() == [7, 3, 0, 0]
+    assert backend.slot_mapping.tensor[:4].tolist() == [11, 23, -1, -1]
+    assert backend.seq_lens.tensor[:4].tolist() == [8, 4, 0, 0]
     graph = backend.graph_metadata(BatchDescriptor(4, 4, 4, uniform_decode=True))
     assert graph.slot_mapping.data_ptr() == backend.slot_mapping.tensor.data_ptr()
     assert backend.graph_metadata(BatchDescriptor(4, 4, 4, uniform_decode=True)) is graph  # made once per shape
