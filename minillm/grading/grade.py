@@ -43,7 +43,11 @@ def grade_submission(path: Path, release: list[Check] | None, timeout: float) ->
     with tempfile.TemporaryDirectory(prefix="minillm-grade-") as tmp:
         notebook, results, log = Path(tmp, "submission.ipynb"), Path(tmp, "results.jsonl"), Path(tmp, "log")
         write(nb, notebook)
-        killed = _run_child(notebook, results, log, timeout, path.resolve().parent)
+        # The kernel's temporary files too go with the folder: a kernel killed at its deadline, or
+        # one that never cleans up, would otherwise leave them on the grading machine's disk.
+        scratch = Path(tmp, "tmp")
+        scratch.mkdir()
+        killed = _run_child(notebook, results, log, timeout, path.resolve().parent, scratch)
         records = _read_records(results)
         stderr_tail = (log.read_text(errors="replace").strip().splitlines() or ["no output"])[-1]
     verdicts: dict[str, dict] = {}
@@ -82,12 +86,13 @@ def _read_records(results: Path) -> list[dict]:
     return records
 
 
-def _run_child(notebook: Path, results: Path, log: Path, timeout: float, cwd: Path) -> bool:
-    """Run the notebook in a child process; True if it had to be killed."""
+def _run_child(notebook: Path, results: Path, log: Path, timeout: float, cwd: Path, scratch: Path) -> bool:
+    """Run the notebook in a child process, its temporary files in `scratch`; True if it had to be killed."""
     command = [sys.executable, "-m", "minillm.grading.run_notebook", str(notebook), str(results),
                "--timeout", str(timeout), "--cwd", str(cwd)]
     with log.open("wb") as stderr:
-        child = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True)
+        child = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True,
+                                 env={**os.environ, "TMPDIR": str(scratch)})
         try:
             child.wait(timeout=timeout + GRACE_SECONDS)
             return False

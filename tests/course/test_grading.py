@@ -353,6 +353,15 @@ def test_a_hanging_or_crashing_submission_costs_only_itself(tmp_path):
     assert summary[("crashes", "crashes-1")][2].startswith("not run: the kernel died in cell 0")
 
 
+@pytest.mark.slow
+def test_what_a_submission_writes_to_its_temporary_folder_goes_with_it(tmp_path):
+    where = tmp_path / "where.txt"
+    writes = synthetic(tmp_path, "writes", f"import tempfile\nopen({str(where)!r}, 'w').write(tempfile.mkdtemp())",
+                       "# check\nx = 1")
+    [row] = grade.grade_submission(writes, None, timeout=60)
+    assert row.passed and where.read_text() and not Path(where.read_text()).exists()
+
+
 @pytest.mark.parametrize("option", [["--jobs", "0"], ["--timeout", "0"]])
 def test_a_bad_option_is_refused_by_name(option, tmp_path, capsys):
     with pytest.raises(SystemExit):
