@@ -11,6 +11,8 @@ head_dim + 4 bytes per layer, K or V, and kv head instead of 2 * head_dim in fp1
 
 from __future__ import annotations
 
+import math
+import mmap
 import os
 
 import torch
@@ -41,15 +43,28 @@ class KVPool:
         shape = (2, num_blocks, block_size, config.num_key_value_heads, config.head_dim)
         layers = range(config.num_hidden_layers)
         # kv_caches[layer][0] holds K, [1] holds V: [num_blocks, block_size, kv_heads, head_dim]
-        self.kv_caches = [torch.zeros(shape, dtype=torch.int8 if quantized else dtype, device=device)
-                          for _ in layers]
+        self.kv_caches = [zeros_on_demand(shape, torch.int8 if quantized else dtype, device) for _ in layers]
         # int8 only: kv_scales[layer][0] the scales of K, [1] of V: [num_blocks, block_size, kv_heads]
-        self.kv_scales = [torch.zeros(shape[:-1], dtype=KV_SCALE_DTYPE, device=device)
+        self.kv_scales = [zeros_on_demand(shape[:-1], KV_SCALE_DTYPE, device)
                           for _ in layers] if quantized else None
 
     @property
     def reserved_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.kv_caches + (self.kv_scales or []))
+
+
+def zeros_on_demand(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """torch.zeros, except on a CPU, where the memory is a private anonymous mapping: the operating
+    system hands its pages out zero-filled as they are first written. The default 4 GiB pool then
+    takes memory as tokens are stored, where torch.zeros writes every byte at start (about 1.5 s on
+    a laptop-class CPU, and 4 GiB resident for a model that stores a few thousand tokens)."""
+    if device.type != "cpu" or not hasattr(mmap, "MAP_PRIVATE"):  # MAP_PRIVATE: any POSIX system
+        return torch.zeros(shape, dtype=dtype, device=device)
+    nbytes = math.prod(shape) * dtype.itemsize
+    if nbytes == 0:
+        return torch.zeros(shape, dtype=dtype)
+    # The tensor keeps the mapping alive, and it is unmapped when the tensor is freed.
+    return torch.frombuffer(mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE), dtype=dtype).view(shape)
 
 
 def available_kv_bytes(device: torch.device, gpu_memory_utilization: float) -> int:
