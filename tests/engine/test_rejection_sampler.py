@@ -4,6 +4,8 @@ p, whatever the draft's q (chi-square, fixed seeds), and the tempting wrong rule
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -25,6 +27,19 @@ def test_greedy_keeps_the_agreeing_prefix_then_the_targets_token():
 
 def test_no_drafts_is_plain_sampling():
     assert greedy_accept(torch.tensor([[3]]), torch.zeros(1, 0, dtype=torch.long), torch.tensor([0])).tolist() == [[3]]
+
+
+def test_chi_square_worked_out_by_hand():
+    """The test every lossless check rests on, against values computed by hand: with 3 bins (2 degrees
+    of freedom) the p-value is exp(-statistic / 2); bins expected to hold fewer than 5 samples are
+    pooled into one; a token that cannot occur, drawn, fails outright."""
+    statistic, dof, p_value = chi_square(torch.tensor([10, 20, 30]), torch.tensor([1.0, 1.0, 1.0]))
+    assert (statistic, dof) == (pytest.approx(10.0), 2) and p_value == pytest.approx(math.exp(-5.0))
+    # 100 samples: expected 60, 38, then 1 and 1 pooled into one bin of 2 (observed 3 + 2 = 5).
+    statistic, dof, p_value = chi_square(torch.tensor([55, 40, 3, 2]), torch.tensor([0.6, 0.38, 0.01, 0.01]))
+    expected = 5**2 / 60 + 2**2 / 38 + 3**2 / 2
+    assert (statistic, dof) == (pytest.approx(expected), 2) and p_value == pytest.approx(math.exp(-expected / 2))
+    assert chi_square(torch.tensor([9, 1]), torch.tensor([1.0, 0.0]))[2] == 0.0
 
 
 def distributions(seed: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,9 +1,13 @@
 """Speculative decoding in the engine: greedy output token for token the plain engine's (draft model
 and n-gram, several k, both attention backends, prefix caching, preemption), sampled output
 distributed as the target's (chi-square against its exact next-token distribution), seeded
-requests batch-invariant, stops inside an accepted run, counters and trace, no leaked blocks."""
+requests batch-invariant, stops inside an accepted run, counters and trace, no leaked blocks; drafts
+that do not fit the target refused; prompt lookup and the acceptance counts worked out by hand."""
 
 from __future__ import annotations
+
+import json
+import shutil
 
 import pytest
 import torch
@@ -15,7 +19,8 @@ from minillm.eval.heldout import eval_token_ids
 from minillm.grading.checks_rejection_sampler_engine import second_token_p_value
 from minillm.models.loader import load_tokenizer, resolve_model_path
 from minillm.sample.rejection_sampler import stochastic_accept
-from minillm.spec_decode.acceptance import acceptance_stats
+from minillm.spec_decode.acceptance import AcceptanceCounts, acceptance_stats, expected_tokens_per_call
+from minillm.spec_decode.ngram import lookup
 
 DRAFT = {"model": "tiny-draft"}
 NGRAM = {"method": "ngram", "prompt_lookup_max": 4, "prompt_lookup_min": 2}
@@ -181,6 +186,10 @@ def test_min_tokens_ending_inside_a_verified_run_ban_the_stop_token_only_before_
     assert len(plain) >= 4 and all(len(tokens) == p.min_tokens + 1 for tokens, p in zip(plain, params))
     llm = LLM("tiny", speculative_config=spec({"model": "tiny"}, 4), **ENGINE)
     assert generate(llm, chosen, params) == plain
+    # The draft bans the stop token by the same rule at each of its steps: it drafts the stop token
+    # where the target allows it, and the target keeps every draft.
+    m = metrics(llm)
+    assert m["draft_tokens"] > 0 and m["accepted_tokens"] == m["draft_tokens"], m
 
 
 def test_counters_and_trace(prompts):
@@ -287,6 +296,31 @@ def test_a_draft_of_another_vocabulary_is_refused(hf_checkpoint):
         LLM("tiny", speculative_config={"model": str(path), "num_speculative_tokens": 2})
 
 
+@pytest.fixture
+def draft_copy(tmp_path):
+    """A copy of tiny-draft, to change."""
+    return shutil.copytree(resolve_model_path("tiny-draft"), tmp_path / "draft")
+
+
+def test_a_draft_with_fewer_positions_than_max_model_len_is_refused(draft_copy):
+    config = json.loads((draft_copy / "config.json").read_text())
+    (draft_copy / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 64}))
+    with pytest.raises(ValueError, match=r"supports 64 positions, fewer than max_model_len=128; lower max_model_len"):
+        LLM("tiny", max_model_len=128, speculative_config={"model": str(draft_copy), "num_speculative_tokens": 2})
+    LLM("tiny", max_model_len=64, speculative_config={"model": str(draft_copy), "num_speculative_tokens": 2})
+
+
+def test_a_draft_whose_tokenizer_numbers_tokens_differently_is_refused(draft_copy):
+    """The same vocabulary size is not enough: two tokens' ids swapped, a draft token would mean other
+    text to the target."""
+    tokenizer = json.loads((draft_copy / "tokenizer.json").read_text())
+    vocab = tokenizer["model"]["vocab"]
+    vocab["!"], vocab['"'] = vocab['"'], vocab["!"]
+    (draft_copy / "tokenizer.json").write_text(json.dumps(tokenizer))
+    with pytest.raises(ValueError, match=r"a different tokenizer from the target's \(same size, different tokens\)"):
+        LLM("tiny", speculative_config={"model": str(draft_copy), "num_speculative_tokens": 2})
+
+
 def test_speculation_needs_the_paged_cache():
     with pytest.raises(ValueError, match="speculative_config needs kv_cache='paged'"):
         LLM("tiny", kv_cache="contiguous", speculative_config=spec(NGRAM, 2))
@@ -301,6 +335,36 @@ def test_plain_engine_metrics(prompts):
     assert "drafts" not in m  # no speculative counters without speculation
     ttft = next(x for x in llm.get_metrics() if x.name == "vllm:time_to_first_token_seconds")
     assert ttft.count == 3 and ttft.buckets["+Inf"] == 3
+
+
+def test_acceptance_counts_worked_out_by_hand():
+    """Three proposals, k = 4: 2 of 4 drafts kept, 0 of 2 (a short proposal: max_tokens was near), 4
+    of 4. A proposal's judged positions end at its first rejection; the formula is applied to each
+    proposal's own length, since a proposal of 2 can never yield 5 tokens."""
+    counts = AcceptanceCounts(k=4)
+    for proposed, accepted in ((4, 2), (2, 0), (4, 4)):
+        counts.add(proposed, accepted)
+    assert (counts.drafts, counts.draft_tokens, counts.accepted, counts.judged) == (3, 10, 6, 3 + 1 + 4)
+    assert counts.per_position == [2, 2, 1, 1]
+    assert counts.alpha == 0.75 and counts.tokens_per_call == (6 + 3) / 3
+    # (1 - 0.75^5) / 0.25 = 3.05078125 for the two proposals of 4, (1 - 0.75^3) / 0.25 = 2.3125 for the one of 2.
+    assert expected_tokens_per_call(0.75, 4) == pytest.approx(3.05078125)
+    assert counts.expected_tokens_per_call == pytest.approx((2 * 3.05078125 + 2.3125) / 3)
+
+
+@pytest.mark.parametrize(("tokens", "k", "min_n", "max_n", "drafts"), [
+    ([5, 6, 1, 5, 6, 2, 7, 5, 6], 3, 1, 2, [2, 7, 5]),  # the latest earlier occurrence of [5, 6], not the first
+    ([3, 4, 1, 2, 4, 9, 9, 3, 4], 3, 1, 2, [1, 2, 4]),  # the longest suffix that recurs: [3, 4], not [4]
+    ([3, 4, 1, 2, 4, 9, 9, 3, 4], 3, 1, 1, [9, 9, 3]),  # ...unless max_n stops at [4]
+    ([4, 8, 1, 4], 3, 2, 4, []),  # [4] recurs, but is shorter than min_n
+    ([1, 2, 1], 5, 1, 3, [2, 1]),  # fewer than k where the sequence ends
+    ([7, 8], 2, 1, 2, []),  # the suffix itself is no earlier occurrence
+    ([5, 5, 5], 3, 2, 4, [5]),  # [5, 5] at the start: the longest possible n, len - 1, is tried
+])
+def test_prompt_lookup_copies_what_followed_the_longest_latest_match(tokens, k, min_n, max_n, drafts):
+    """Prompt lookup's drafts, worked out by hand: the engine's output cannot show a worse lookup,
+    which only proposes drafts the target rejects more often."""
+    assert lookup(tokens, k, min_n, max_n) == drafts
 
 
 def test_tokens_per_target_call_of_the_shipped_pair_match_the_formula(prompts):
