@@ -9,6 +9,8 @@ from conftest import HF_CONFIGS
 
 from minillm import LLM, SamplingParams
 from minillm.engine.model_runner import sequence_logits
+from minillm.layers.rotary import rope_inv_freq
+from minillm.models.registry import model_config_from_hf
 
 PROMPT_LENGTHS = [1, 2, 17, 64, 100]
 NEW_TOKENS = 20
@@ -49,6 +51,37 @@ def test_batched_greedy_generation_matches_transformers(kind, hf_checkpoint):
         ref_logprobs = [torch.log_softmax(step[0].float(), -1)[t].item() for step, t in zip(ref.logits, expected)]
         ours = [entry[t].logprob for entry, t in zip(out.outputs[0].logprobs, expected)]
         assert ours == pytest.approx(ref_logprobs, abs=1e-4)
+
+
+# Llama 3.1's own scaling (head_dim 128): its frequencies fall on both sides of the smoothed band and
+# inside it; and linear scaling (no shipped test checkpoint uses it).
+ROPE_SCALINGS = {
+    "llama3": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+    "linear": {"rope_type": "linear", "rope_theta": 10000.0, "factor": 4.0},
+}
+
+
+@pytest.mark.parametrize("kind", ROPE_SCALINGS)
+def test_rope_scaling_gives_the_frequencies_of_transformers(kind):
+    """The frequencies a config.json's rope scaling gives, as minillm reads the file, against the ones
+    transformers computes from the same config: the slow frequencies divided by the factor, the fast
+    ones kept and, for llama3, the band between blended smoothly."""
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    hf = LlamaConfig(hidden_size=4096, num_attention_heads=32, max_position_embeddings=131072,
+                     rope_parameters=dict(ROPE_SCALINGS[kind]))
+    config = model_config_from_hf({**hf.to_dict(), "architectures": ["LlamaForCausalLM"]})
+    ours = rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling)
+    expected = ROPE_INIT_FUNCTIONS[kind](hf)[0]
+    torch.testing.assert_close(ours, expected.float(), rtol=1e-6, atol=0)
+    plain = rope_inv_freq(config.head_dim, config.rope_theta, {})
+    kept, divided = (ours == plain).sum(), torch.isclose(ours, plain / 4 if kind == "linear" else plain / 8).sum()
+    if kind == "llama3":  # every region of the piecewise rule is reached
+        assert 0 < kept and 0 < divided and kept + divided < len(ours), (kept, divided)
+    else:
+        assert divided == len(ours)
 
 
 def test_no_cache_mode_generates_the_same_tokens(hf_checkpoint):

@@ -12,6 +12,9 @@ from safetensors.torch import load_file, save_file
 from minillm import LLM, SamplingParams
 from minillm.models.registry import ARCHITECTURES, model_class, model_config_from_hf
 
+# The smallest config.json of a family: what the tests below leave out or change.
+BASE = {"vocab_size": 32, "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2}
+
 
 @pytest.fixture
 def checkpoint_copy(hf_checkpoint, tmp_path):
@@ -30,10 +33,8 @@ def test_unsupported_architecture_is_named(checkpoint_copy):
 
 
 def test_the_registry_translates_each_family_and_names_what_it_lacks():
-    base = {"vocab_size": 32, "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1,
-            "num_attention_heads": 2}
     flags = {name: (c.qkv_bias, c.o_bias, c.qk_norm, c.model_type) for name in ARCHITECTURES
-             for c in [model_config_from_hf({**base, "architectures": [name]})]}
+             for c in [model_config_from_hf({**BASE, "architectures": [name]})]}
     assert flags == {"LlamaForCausalLM": (False, False, False, "llama"),
                      "MistralForCausalLM": (False, False, False, "mistral"),
                      "Qwen2ForCausalLM": (True, False, False, "qwen2"),
@@ -42,6 +43,43 @@ def test_the_registry_translates_each_family_and_names_what_it_lacks():
     with pytest.raises(ValueError, match="no model implements architecture 'GPT2LMHeadModel': minillm implements "
                                          "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM"):
         model_class("GPT2LMHeadModel")
+
+
+def test_what_a_config_leaves_out_takes_the_transformers_default():
+    """A config.json need not spell out every setting: what it leaves out means transformers'
+    default for its family (rms_norm_eps 1e-6, untied embeddings, rope_theta 10000), not some other."""
+    import transformers
+
+    for name in ARCHITECTURES:
+        hf = getattr(transformers, name.replace("ForCausalLM", "Config"))()
+        ours = model_config_from_hf({**BASE, "architectures": [name]})
+        assert (ours.rms_norm_eps, ours.tie_word_embeddings, ours.rope_theta) == (
+            hf.rms_norm_eps, hf.tie_word_embeddings, hf.rope_parameters["rope_theta"]), name
+
+
+@pytest.mark.parametrize(("change", "match"), [
+    ({"hidden_act": "gelu"}, "unsupported hidden_act 'gelu' in config: only 'silu'"),
+    ({"num_key_value_heads": 3, "num_attention_heads": 4}, "num_attention_heads=4 is not a multiple of "
+                                                            "num_key_value_heads=3 in config"),
+    ({"partial_rotary_factor": 0.5}, "partial_rotary_factor in config is not supported"),
+    ({"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}},
+     "partial_rotary_factor in config is not supported"),
+])
+def test_a_config_the_model_cannot_run_is_refused_by_name(change, match):
+    """Settings the Llama-family model does not implement would load and then compute something else:
+    refused before a weight is read."""
+    with pytest.raises(ValueError, match=match):
+        model_config_from_hf({**BASE, "architectures": ["LlamaForCausalLM"], **change})
+
+
+@pytest.mark.parametrize(("architecture", "change", "window"), [
+    ("Qwen2ForCausalLM", {"sliding_window": 4096, "use_sliding_window": False}, None),  # as Qwen2.5 ships
+    ("Qwen2ForCausalLM", {"sliding_window": 4096, "use_sliding_window": True}, 4096),
+    ("MistralForCausalLM", {"sliding_window": 4096}, 4096),  # Mistral has no switch: a window is used
+    ("MistralForCausalLM", {"sliding_window": None}, None),
+])
+def test_a_sliding_window_counts_only_where_the_model_uses_it(architecture, change, window):
+    assert model_config_from_hf({**BASE, "architectures": [architecture], **change}).sliding_window == window
 
 
 def test_unsupported_rope_scaling_is_named(checkpoint_copy):
@@ -103,6 +141,28 @@ def test_unexpected_tensor_is_named(checkpoint_copy):
     save_file(tensors, path)
     with pytest.raises(ValueError, match="unexpected tensor 'model.layers.0.self_attn.extra.weight'"):
         LLM(str(checkpoint_copy), skip_tokenizer_init=True)
+
+
+def test_rotary_tables_saved_by_older_transformers_are_skipped(checkpoint_copy):
+    """transformers 4.3x saved each layer's rotary_emb.inv_freq buffer; minillm computes its own table
+    from config.json, so the tensor is neither an error nor read."""
+    path = checkpoint_copy / "model.safetensors"
+    tensors = load_file(path)
+    tensors["model.layers.0.self_attn.rotary_emb.inv_freq"] = torch.full((8,), float("nan"))
+    save_file(tensors, path)
+    llm = LLM(str(checkpoint_copy), skip_tokenizer_init=True)
+    out = llm.generate({"prompt_token_ids": [1, 2, 3]}, SamplingParams(temperature=0, max_tokens=3), use_tqdm=False)
+    assert len(out[0].outputs[0].token_ids) == 3
+
+
+def test_a_shard_missing_from_an_index_is_named(hf_checkpoint, tmp_path):
+    hf, _ = hf_checkpoint("qwen2_bias")
+    hf.save_pretrained(tmp_path, max_shard_size="100KB")
+    shard = sorted(tmp_path.glob("model-*.safetensors"))[1]
+    shard.unlink()
+    with pytest.raises(ValueError, match=f"weight file .*{shard.name} listed in model.safetensors.index.json is "
+                                         "missing"):
+        LLM(str(tmp_path), skip_tokenizer_init=True)
 
 
 def test_sharded_checkpoint_loads(hf_checkpoint, tmp_path):
