@@ -7,12 +7,16 @@ from __future__ import annotations
 import copy
 import json
 import re
+import shutil
 
 import pytest
 import torch
-from conftest import assert_loads_as_dense, write_dequantized
+from conftest import QUANT_ENGINE, assert_loads_as_dense, write_dequantized
+from safetensors import safe_open
+from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM
 
+from minillm import LLM
 from minillm.models.loader import SHIPPED_MODELS
 from minillm.models.registry import model_config_from_hf
 
@@ -96,9 +100,15 @@ def with_change(path: str, value) -> dict:
     ("quantization_status", "frozen"),  # unpacked fake-quantized weights
     ("ignore", ["lm_head", "re:.*down_proj"]),
     ("kv_cache_scheme", {"num_bits": 8, "type": "float"}),
+    ("sparsity_config", {"format": "sparse-24-bitmask", "targets": ["Linear"]}),  # 2:4 sparse weights
+    ("transform_config", {"config_groups": {"u": {"type": "hadamard"}}}),  # rotated weights
+    ("config_groups", {}),
     ("config_groups.group_0.format", "naive-quantized"),
     ("config_groups.group_0.targets", ["re:.*self_attn.*"]),
     ("config_groups.group_0.input_activations", {"num_bits": 8, "type": "int"}),  # W4A8
+    ("config_groups.group_0.output_activations", {"num_bits": 8, "type": "int"}),
+    ("config_groups.group_0.weights.type", "float"),  # fp4
+    ("config_groups.group_0.weights.dynamic", True),
     ("config_groups.group_0.weights.symmetric", False),  # asymmetric: packed zero points
     ("config_groups.group_0.weights.num_bits", 8),
     ("config_groups.group_0.weights.num_bits", 3),
@@ -123,3 +133,54 @@ def test_the_accepted_variants_read_as_int4_with_their_group_size():
         config = model_config_from_hf({**raw, "quantization_config": qc})
         read = (config.quantization, config.quant_group_size, config.quant_method)
         assert read == ("int4", 128, "compressed-tensors")
+
+
+@pytest.fixture(scope="module")
+def compressed(hf_checkpoint, tmp_path_factory):
+    """llama_bias as llm-compressor writes it, in groups of 32."""
+    path = tmp_path_factory.mktemp("compressed") / "ct"
+    write_compressed_tensors(copy.deepcopy(hf_checkpoint("llama_bias")[0]), path, 32)
+    return path
+
+
+def edited(source, out, edit) -> str:
+    """A copy of the checkpoint in source, its tensors (a dict by name) changed in place by edit."""
+    shutil.copytree(source, out)
+    with safe_open(str(out / "model.safetensors"), framework="pt") as f:
+        tensors = {name: f.get_tensor(name) for name in f.keys()}
+    edit(tensors)
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    return str(out)
+
+
+K_PROJ = "model.layers.0.self_attn.k_proj"  # [32, 64]: 32 outputs, 64 inputs
+
+
+def test_weight_shape_is_optional_and_checked_where_present(compressed, tmp_path):
+    """weight_shape only repeats what config.json says: a checkpoint without it loads the same model,
+    and one whose weight_shape disagrees is refused, naming the tensor and both shapes."""
+    def drop_shapes(tensors):
+        for name in [n for n in tensors if n.endswith(".weight_shape")]:
+            del tensors[name]
+
+    reference = LLM(str(compressed), **QUANT_ENGINE).llm_engine.model.state_dict()
+    without = LLM(edited(compressed, tmp_path / "without", drop_shapes), **QUANT_ENGINE).llm_engine.model.state_dict()
+    assert reference.keys() == without.keys() and all(torch.equal(reference[n], without[n]) for n in reference)
+
+    def wrong_shape(tensors):
+        tensors[f"{K_PROJ}.weight_shape"] = torch.tensor([32, 128])
+
+    with pytest.raises(ValueError, match=re.escape(f"tensor '{K_PROJ}.weight_shape'") + r" in .* says the weight is "
+                                         r"\[32, 128\], but config.json implies \[32, 64\]"):
+        LLM(edited(compressed, tmp_path / "wrong", wrong_shape), **QUANT_ENGINE)
+
+
+def test_a_packed_weight_of_the_wrong_shape_is_named_with_its_own_shape(compressed, tmp_path):
+    """The shape in the message is the checkpoint tensor's (eight inputs to a word), not that of the
+    repacked tensor minillm would have made from it."""
+    def half_the_inputs(tensors):
+        tensors[f"{K_PROJ}.weight_packed"] = tensors[f"{K_PROJ}.weight_packed"][:, :4].contiguous()
+
+    with pytest.raises(ValueError, match=re.escape(f"tensor '{K_PROJ}.weight_packed'") + r" in .* has shape "
+                                         r"\(32, 4\), but config.json implies \(32, 8\)"):
+        LLM(edited(compressed, tmp_path / "half", half_the_inputs), **QUANT_ENGINE)

@@ -50,6 +50,10 @@ def test_round_trip_with_merged_layers_and_biases(hf_checkpoint, tmp_path, metho
     # Loaded layers run on the engine's kernels too.
     on_triton = LLM(str(out), skip_tokenizer_init=True, attention_backend="triton")
     assert {m.kernel for m in on_triton.llm_engine.model.modules() if isinstance(m, QuantLinear)} == {"triton"}
+    # Random weights are made unquantized: a quantized checkpoint's shapes are refused, not left unfilled.
+    with pytest.raises(ValueError, match=rf"load_format='dummy' makes unquantized random weights, but the model "
+                                         rf"in .* is quantized \('{method}'\)"):
+        LLM(str(out), skip_tokenizer_init=True, load_format="dummy")
 
 
 def test_cli_quantizes_tiny_and_the_folder_loads_with_its_tokenizer(tmp_path, capsys):
@@ -91,4 +95,9 @@ def test_unquantized_models_other_formats_and_used_folders_are_refused(hf_checkp
     config["quantization_config"] = {"quant_method": "minillm", "quantization": "int4"}  # no group size
     (gptq / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match="group_size=None"):
+        LLM(str(gptq), skip_tokenizer_init=True)
+    config["quantization_config"] = {"quant_method": "minillm", "quantization": "fp8", "group_size": None}
+    (gptq / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"quantization_config in .*config.json must give a quantization in "
+                                         r"\('int8', 'int4'\).*got quantization='fp8'"):
         LLM(str(gptq), skip_tokenizer_init=True)
