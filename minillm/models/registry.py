@@ -31,13 +31,14 @@ class Architecture:
     model_cls: type[nn.Module]  # built as model_cls(config, ops); implements models.interface.CausalLM
     qkv_bias: bool = False  # q, k and v always have biases (o_proj none), whatever attention_bias says
     qk_norm: bool = False  # each head's query and key are RMS-normalised before RoPE
+    max_position_embeddings: int = 2048  # transformers' default, for a config.json that leaves it out
 
 
 ARCHITECTURES = {
     "LlamaForCausalLM": Architecture("llama", LlamaForCausalLM),  # Llama 2/3/3.x, SmolLM2, TinyLlama, ...
-    "MistralForCausalLM": Architecture("mistral", LlamaForCausalLM),
-    "Qwen2ForCausalLM": Architecture("qwen2", LlamaForCausalLM, qkv_bias=True),
-    "Qwen3ForCausalLM": Architecture("qwen3", LlamaForCausalLM, qk_norm=True),
+    "MistralForCausalLM": Architecture("mistral", LlamaForCausalLM, max_position_embeddings=131072),
+    "Qwen2ForCausalLM": Architecture("qwen2", LlamaForCausalLM, qkv_bias=True, max_position_embeddings=32768),
+    "Qwen3ForCausalLM": Architecture("qwen3", LlamaForCausalLM, qk_norm=True, max_position_embeddings=32768),
 }
 
 
@@ -94,7 +95,7 @@ def model_config_from_hf(raw: dict, eos_token_id=None, source: str = "config") -
         num_attention_heads=heads,
         num_key_value_heads=kv_heads,
         head_dim=raw.get("head_dim") or raw["hidden_size"] // heads,
-        max_position_embeddings=raw.get("max_position_embeddings", 2048),
+        max_position_embeddings=raw.get("max_position_embeddings", family.max_position_embeddings),
         rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
         rope_theta=rope_theta,
         rope_scaling=rope_scaling,

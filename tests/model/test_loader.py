@@ -47,14 +47,16 @@ def test_the_registry_translates_each_family_and_names_what_it_lacks():
 
 def test_what_a_config_leaves_out_takes_the_transformers_default():
     """A config.json need not spell out every setting: what it leaves out means transformers'
-    default for its family (rms_norm_eps 1e-6, untied embeddings, rope_theta 10000), not some other."""
+    default for its family (rms_norm_eps 1e-6, untied embeddings, rope_theta 10000, a context that
+    differs by family), not some other."""
     import transformers
 
     for name in ARCHITECTURES:
         hf = getattr(transformers, name.replace("ForCausalLM", "Config"))()
         ours = model_config_from_hf({**BASE, "architectures": [name]})
-        assert (ours.rms_norm_eps, ours.tie_word_embeddings, ours.rope_theta) == (
-            hf.rms_norm_eps, hf.tie_word_embeddings, hf.rope_parameters["rope_theta"]), name
+        assert (ours.rms_norm_eps, ours.tie_word_embeddings, ours.rope_theta, ours.max_position_embeddings) == (
+            hf.rms_norm_eps, hf.tie_word_embeddings, hf.rope_parameters["rope_theta"],
+            hf.max_position_embeddings), name
 
 
 @pytest.mark.parametrize(("change", "match"), [
