@@ -8,7 +8,9 @@ import time
 
 import httpx
 import pytest
+from fastapi.testclient import TestClient
 
+from minillm.entrypoints.api_server import build_app
 from minillm.entrypoints.background import BackgroundServer
 
 ENGINE = {"dtype": "float32", "max_model_len": 256, "max_num_seqs": 4}
@@ -226,3 +228,35 @@ def test_a_body_that_is_not_utf_8_gets_a_400_that_says_so(server, route, body):
     error = reply.json()["error"]
     assert "UTF-8" in error["message"] and error["code"] == 400 and error["type"] == "BadRequestError"
     assert_still_serving(server)
+
+
+def test_a_body_of_exactly_the_limit_is_served_and_one_byte_more_is_refused(server):
+    """--max-body-bytes is the largest body taken, whether its size is announced (Content-Length)
+    or counted as it arrives in chunks; the 413 is JSON in OpenAI's shape."""
+    body = json.dumps({"prompt": "x", "max_tokens": 2}).encode()
+    client = TestClient(build_app(server.engine, max_body_bytes=len(body)))
+    headers = {"content-type": "application/json"}
+    for content in (body, iter([body[:10], body[10:]])):
+        assert client.post("/v1/completions", content=content, headers=headers).status_code == 200
+    padded = body[:-1] + b" }"
+    for content in (padded, iter([padded[:10], padded[10:]])):
+        reply = client.post("/v1/completions", content=content, headers=headers)
+        assert reply.status_code == 413 and reply.headers["content-type"] == "application/json", reply.text
+        assert f"at most {len(body):,}" in reply.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("route, body, param, message", [
+    ("/chat/completions", {"messages": [{"content": "x"}]}, "messages[0].role", "Field required"),
+    ("/chat/completions", {"messages": [{"role": "user", "content": [{"type": "text"}]}]},
+     "messages[0].content[0].text", "Field required"),
+    # Of the union's members, the list of token ids gets furthest: its complaint about the value wins
+    # over the others' about the type.
+    ("/completions", {"prompt": [-1]}, "prompt[0]", "Input should be greater than or equal to 0"),
+    ("/completions", {"prompt": [[1, -1]]}, "prompt[0][1]", "Input should be greater than or equal to 0"),
+    ("/completions", {"prompt": "x", "stop": ["a", 5]}, "stop[1]", "Input should be a valid string"),
+])
+def test_an_invalid_field_inside_a_list_is_named_as_the_request_writes_it(server, route, body, param, message):
+    """param and the message's start name the field as the body spells it (messages[0].role), and
+    for a union the most specific complaint is told."""
+    error = post(server, route, {**body, "max_tokens": 2}).json()["error"]
+    assert error == {"message": f"{param}: {message}", "type": "BadRequestError", "param": param, "code": 400}

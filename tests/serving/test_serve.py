@@ -4,6 +4,7 @@ sync and async; its outputs are checked against `LLM.generate` and its cache aga
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
 import httpx
@@ -203,7 +204,7 @@ def test_64_concurrent_streams_then_100_cancelled(server, reference):
 @pytest.mark.parametrize("body, status, words", [
     ({"prompt": "x", "temperature": -1}, 400, "temperature"),
     ({"prompt": "x", "top_p": 2}, 400, "top_p"),
-    ({"prompt": "x", "max_tokens": 0}, 400, "max_tokens"),
+    ({"prompt": "x", "max_tokens": 0}, 400, "max_tokens must be at least 1; 0 (the prompt alone, scored) needs echo"),
     ({"prompt": "x", "n": 10_000}, 400, "128"),
     ({"prompt": "x", "presence_penalty": 2.5}, 400, "presence_penalty"),
     ({"prompt": "x", "repetition_penalty": 0}, 400, "repetition_penalty"),
@@ -451,3 +452,189 @@ def test_echo_scores_a_continuation_as_lm_evaluation_harness_reads_it(server, re
     first = min(prompt_only["choices"], key=lambda c: c["index"])
     assert first["logprobs"]["token_logprobs"] == choices[0]["logprobs"]["token_logprobs"][:-1]
     assert first["text"] == tokenizer.decode(context + continuation)
+
+
+def events(reply: httpx.Response) -> list:
+    """A streamed reply's server-sent events, each parsed from JSON but the last, [DONE]."""
+    assert reply.status_code == 200 and reply.headers["content-type"].startswith("text/event-stream"), reply.text
+    assert reply.text.endswith("data: [DONE]\n\n"), reply.text[-200:]
+    data = [block.removeprefix("data: ") for block in reply.text.split("\n\n") if block]
+    return [json.loads(d) for d in data[:-1]] + [data[-1]]
+
+
+def test_a_stop_string_is_named_as_the_stop_reason_whole_and_streamed(server, reference):
+    """vLLM's stop_reason: the stop string that ended a choice, on its whole answer and on its last
+    chunk; a choice that ran to max_tokens has none."""
+    text = greedy(reference, ["import os\n"], [32])[0]
+    stop = text[len(text) // 2:len(text) // 2 + 3]
+    body = {"prompt": "import os\n", "max_tokens": 32, "temperature": 0, "stop": [stop]}
+    whole = httpx.post(server.base_url + "/completions", json=body, timeout=30).json()["choices"][0]
+    assert (whole["finish_reason"], whole["stop_reason"]) == ("stop", stop)
+    streamed = events(httpx.post(server.base_url + "/completions", json={**body, "stream": True}, timeout=30))
+    assert [c["choices"][0]["stop_reason"] for c in streamed[:-1]] == [None] * (len(streamed) - 2) + [stop]
+    messages = [{"role": "user", "content": "A sort."}]
+    chat_text = httpx.post(server.base_url + "/chat/completions", json={
+        "messages": messages, "max_tokens": 20, "temperature": 0}, timeout=30).json()["choices"][0]["message"][
+        "content"]
+    chat_stop = chat_text[len(chat_text) // 2:len(chat_text) // 2 + 2]
+    assert chat_stop.strip(), chat_text
+    chat = httpx.post(server.base_url + "/chat/completions", json={
+        "messages": messages, "max_tokens": 20, "temperature": 0, "stop": chat_stop}, timeout=30).json()["choices"][0]
+    assert (chat["finish_reason"], chat["stop_reason"]) == ("stop", chat_stop)
+    assert chat["message"]["content"] == chat_text[:chat_text.index(chat_stop)]
+    plain = httpx.post(server.base_url + "/completions", json={"prompt": "x", "max_tokens": 2, "ignore_eos": True},
+                       timeout=30).json()["choices"][0]
+    assert (plain["finish_reason"], plain["stop_reason"]) == ("length", None)
+
+
+def test_streamed_logprobs_add_up_to_the_whole_answers(server):
+    """Each chunk carries the logprobs of its own new tokens: joined, they are the whole answer's,
+    for completions and for chat, and each chat token has as many alternatives as asked for, best first."""
+    body = {"prompt": "def fibonacci(n):", "max_tokens": 12, "temperature": 0, "logprobs": 2}
+    whole = httpx.post(server.base_url + "/completions", json=body, timeout=30).json()["choices"][0]["logprobs"]
+    streamed = events(httpx.post(server.base_url + "/completions", json={**body, "stream": True}, timeout=30))
+    pieces = [c["choices"][0]["logprobs"] for c in streamed[:-1]]
+    assert [t for p in pieces for t in p["tokens"]] == whole["tokens"] and len(whole["tokens"]) == 12
+    assert [lp for p in pieces for lp in p["token_logprobs"]] == pytest.approx(whole["token_logprobs"], abs=1e-5)
+    chat_body = {"messages": [{"role": "user", "content": "A sort."}], "max_tokens": 12, "temperature": 0,
+                 "logprobs": True, "top_logprobs": 3}
+    chat = httpx.post(server.base_url + "/chat/completions", json=chat_body, timeout=30).json()
+    content = chat["choices"][0]["logprobs"]["content"]
+    assert len(content) == chat["usage"]["completion_tokens"] == 12
+    assert "".join(entry["token"] for entry in content) == chat["choices"][0]["message"]["content"]
+    for entry in content:
+        top = [alt["logprob"] for alt in entry["top_logprobs"]]
+        assert len(top) == 3 and top == sorted(top, reverse=True)
+        assert entry["top_logprobs"][0]["token"] == entry["token"] and top[0] == entry["logprob"]  # greedy
+    chunks = events(httpx.post(server.base_url + "/chat/completions", json={**chat_body, "stream": True}, timeout=30))
+    streamed_content = [e for c in chunks[1:-1] for e in c["choices"][0]["logprobs"]["content"]]
+    assert [e["token"] for e in streamed_content] == [e["token"] for e in content]
+    assert [e["logprob"] for e in streamed_content] == pytest.approx([e["logprob"] for e in content], abs=1e-5)
+
+
+def test_text_offsets_count_the_characters_before_each_token(server, reference):
+    """The legacy logprobs' text_offset: where each token starts in the choice's text, the echoed
+    prompt's included (its first token at 0)."""
+    prompt = "def fibonacci(n):"
+    for echo in (False, True):
+        choice = httpx.post(server.base_url + "/completions", json={
+            "prompt": prompt, "max_tokens": 6, "temperature": 0, "logprobs": 1, "echo": echo}, timeout=30).json()[
+            "choices"][0]
+        tokens, offsets = choice["logprobs"]["tokens"], choice["logprobs"]["text_offset"]
+        assert "".join(tokens) == choice["text"] and choice["text"].startswith(prompt if echo else "")
+        assert offsets == [len("".join(tokens[:i])) for i in range(len(tokens))]
+        assert len(tokens) == 6 + echo * len(reference.get_tokenizer()(prompt)["input_ids"])
+
+
+def test_echo_sends_each_prompt_back_with_its_own_choices(server, reference):
+    """Several prompts with echo: choice p * n + j starts with prompt p's text and first token."""
+    prompts = ["import numpy as np", "def fibonacci(n):"]
+    reply = httpx.post(server.base_url + "/completions", json={
+        "prompt": prompts, "n": 2, "max_tokens": 3, "temperature": 0, "echo": True, "logprobs": 0}, timeout=30)
+    choices = reply.json()["choices"]
+    assert [c["index"] for c in choices] == [0, 1, 2, 3]
+    tokenizer = reference.get_tokenizer()
+    for choice in choices:
+        prompt = prompts[choice["index"] // 2]
+        first = tokenizer.decode(tokenizer(prompt)["input_ids"][:1])
+        assert choice["text"].startswith(prompt) and choice["logprobs"]["tokens"][0] == first, choice
+    completions = greedy(reference, prompts, [3, 3])
+    assert [c["text"] for c in choices] == [p + t for p, t in zip(prompts, completions) for _ in range(2)]
+
+
+def test_echo_with_max_tokens_0_ends_for_length(server):
+    """The prompt alone, as vLLM answers it: no completion tokens, finish_reason length."""
+    reply = httpx.post(server.base_url + "/completions", json={"prompt": "def f(x):", "max_tokens": 0,
+                                                               "echo": True}, timeout=30)
+    choice = reply.json()["choices"][0]
+    assert (choice["text"], choice["finish_reason"], choice["stop_reason"]) == ("def f(x):", "length", None)
+
+
+def test_a_streamed_chat_opens_each_choice_with_the_assistants_role(server):
+    """With n choices, each choice's first chunk is its role, before any content; and with
+    include_usage, each chunk before the last carries usage: null."""
+    chunks = events(httpx.post(server.base_url + "/chat/completions", json={
+        "messages": [{"role": "user", "content": "A sort."}], "max_tokens": 4, "n": 3, "ignore_eos": True,
+        "stream": True, "stream_options": {"include_usage": True}}, timeout=30))[:-1]
+    assert [c["choices"][0] for c in chunks[:3]] == [
+        {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+        for i in range(3)]
+    assert all("role" not in c["choices"][0]["delta"] for c in chunks[3:-1])
+    assert all("usage" in c and c["usage"] is None for c in chunks[:-1])
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 12
+
+
+def test_a_chat_without_the_generation_prompt_is_rendered_without_it(server, reference):
+    """add_generation_prompt: false leaves the assistant's header out, for chat and for /tokenize."""
+    messages = [{"role": "user", "content": "hi"}]
+    tokenizer = reference.get_tokenizer()
+    rendered = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=False)
+    ids = tokenizer(rendered, add_special_tokens=False)["input_ids"]
+    with_prompt = tokenizer(tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True),
+                            add_special_tokens=False)["input_ids"]
+    assert ids != with_prompt
+    tokens = httpx.post(server.url + "/tokenize", json={"messages": messages, "add_generation_prompt": False}).json()
+    assert tokens["tokens"] == ids
+    chat = httpx.post(server.base_url + "/chat/completions", json={
+        "messages": messages, "max_tokens": 2, "add_generation_prompt": False}, timeout=30).json()
+    assert chat["usage"]["prompt_tokens"] == len(ids)
+
+
+def test_the_edges_of_detokenize_and_the_shapes_of_routing_errors(server):
+    """The last token id of the vocabulary is detokenized and the next refused; an unknown model is
+    OpenAI's NotFoundError, and a wrong method says which methods the path takes."""
+    vocab = server.engine.llm_engine.model_config.vocab_size
+    assert httpx.post(server.url + "/detokenize", json={"tokens": [vocab - 1]}).status_code == 200
+    refused = httpx.post(server.url + "/detokenize", json={"tokens": [vocab]})
+    assert refused.status_code == 400 and f"[{vocab}]" in refused.json()["error"]["message"]
+    unknown = httpx.post(server.base_url + "/completions", json={"prompt": "x", "model": "gpt-4"}, timeout=30)
+    assert unknown.status_code == 404
+    assert unknown.json()["error"] | {"message": ""} == {"message": "", "type": "NotFoundError", "param": None,
+                                                         "code": 404}
+    wrong = httpx.get(server.base_url + "/completions")
+    assert wrong.status_code == 405 and wrong.headers["allow"] == "POST"
+
+
+def test_an_engine_that_dies_mid_stream_ends_the_stream_with_its_error_then_done():
+    """A stream already answered 200 cannot change its status: the engine's death comes as an error
+    event in OpenAI's shape, then [DONE]; a stream asked for afterwards is refused with a 503."""
+    with BackgroundServer("tiny", **ENGINE) as s:
+        def broken():
+            raise RuntimeError("device lost")
+
+        s.engine.llm_engine.step = broken
+        body = {"prompt": "x", "max_tokens": 4, "stream": True}
+        died = events(httpx.post(s.base_url + "/completions", json=body, timeout=30))
+        assert died == [{"error": {"message": "the engine loop failed: RuntimeError: device lost",
+                                   "type": "ServiceUnavailableError", "param": None, "code": 503}}, "[DONE]"]
+        later = httpx.post(s.base_url + "/completions", json=body, timeout=30)
+        assert later.status_code == 503 and "device lost" in later.json()["error"]["message"]
+        assert "vllm:num_requests_running" in httpx.get(s.url + "/metrics", timeout=10).text
+
+
+def test_a_sampled_chat_tokens_alternatives_are_the_best_ones_whatever_was_sampled(server):
+    """top_logprobs are the most likely tokens, best first, as many as asked for, also where the
+    sampled token is not among them (it comes first in the engine's entry, and is left out here)."""
+    body = {"messages": [{"role": "user", "content": "A sort."}], "max_tokens": 16, "temperature": 2.0, "seed": 3,
+            "ignore_eos": True, "logprobs": True, "top_logprobs": 2}
+    content = httpx.post(server.base_url + "/chat/completions", json=body, timeout=30).json()["choices"][0][
+        "logprobs"]["content"]
+    for entry in content:
+        top = [alt["logprob"] for alt in entry["top_logprobs"]]
+        assert len(top) == 2 and top == sorted(top, reverse=True) and entry["logprob"] <= top[0], entry
+    assert any(entry["logprob"] < entry["top_logprobs"][-1]["logprob"] for entry in content), "none sampled outside"
+
+
+def test_a_stop_token_is_named_as_the_stop_reason_whole_and_streamed(server, reference):
+    """stop_token_ids end a choice at the first one met, which is then its stop_reason (an int, where
+    a stop string's is the string), on the whole answer and on the stream's last chunk."""
+    out = reference.generate(["def fibonacci(n):"], SamplingParams(temperature=0, max_tokens=8),
+                             use_tqdm=False)[0].outputs[0]
+    stop_id = out.token_ids[3]
+    assert stop_id not in out.token_ids[:3]
+    body = {"prompt": "def fibonacci(n):", "max_tokens": 8, "temperature": 0, "stop_token_ids": [stop_id]}
+    whole = httpx.post(server.base_url + "/completions", json=body, timeout=30).json()["choices"][0]
+    assert (whole["finish_reason"], whole["stop_reason"]) == ("stop", stop_id)
+    chunks = events(httpx.post(server.base_url + "/completions", json={**body, "stream": True}, timeout=30))[:-1]
+    assert "".join(c["choices"][0]["text"] for c in chunks) == whole["text"]
+    assert (chunks[-1]["choices"][0]["finish_reason"], chunks[-1]["choices"][0]["stop_reason"]) == ("stop", stop_id)
