@@ -94,9 +94,7 @@ class OutputProcessor:
         after = self.decode(ids[seq.prefix_offset:], seq)
         if after.endswith("\ufffd") or len(after) < len(before):
             return 0  # wait for the rest of the character
-        if after == before:  # tokens with no text of their own (skipped special tokens): the window moves on
-            seq.prefix_offset, seq.read_offset = seq.read_offset, len(ids)
-            return 0
+        # Tokens that add no text (skipped special tokens) move the window on too, not widen it.
         seq.prefix_offset, seq.read_offset = seq.read_offset, len(ids)
         seq.output_text += after[len(before):]
         return len(after) - len(before)
