@@ -60,11 +60,16 @@ class OutputProcessor:
         seq.metrics.last_token_time = now
         if seq.logprobs is not None:
             self._append_logprobs(seq, sampled, row, token)
-        new_chars = self._detokenize(seq) if self._tracks_text(seq) else 0
-        self._check_stop(seq, token, new_chars)
+        self._check_stop_token(seq, token)
+        # A token that stops the request (EOS, stop_token_ids) stays in token_ids but adds no text,
+        # as in vLLM and OpenAI's API, unless include_stop_str_in_output asks for it.
+        shown = seq.finish_reason is None or seq.params.include_stop_str_in_output
+        new_chars = self._detokenize(seq) if shown and self._tracks_text(seq) else 0
+        if seq.finish_reason is None:
+            self._check_stop_text(seq, new_chars)
         if seq.finish_reason is not None:
             seq.metrics.finished_time = now
-            self._finalize_text(seq)
+            self._finalize_text(seq, len(seq.token_ids) if shown else len(seq.token_ids) - 1)
 
     def decode(self, token_ids: list[int], seq: Sequence) -> str:
         # No clean-up of "tokenization spaces": it rewrites " ." to "." and would corrupt code.
@@ -79,13 +84,14 @@ class OutputProcessor:
         return self.tokenizer is not None and (
             bool(seq.params.stop_strings) or seq.params.output_kind is RequestOutputKind.CUMULATIVE)
 
-    def _finalize_text(self, seq: Sequence) -> None:
+    def _finalize_text(self, seq: Sequence, end: int) -> None:
+        """The whole text of a finished sequence: that of its tokens before `end`."""
         if self.tokenizer is None or isinstance(seq.stop_reason, str):
             return  # no text at all, or already cut at the stop string
         if not self._tracks_text(seq):
-            seq.output_text = self.decode(seq.output_token_ids, seq)
+            seq.output_text = self.decode(seq.token_ids[seq.num_prompt_tokens:end], seq)
         else:  # whatever the incremental window still held back (a character never completed)
-            seq.output_text += self.decode(seq.token_ids[seq.prefix_offset:], seq)[
+            seq.output_text += self.decode(seq.token_ids[seq.prefix_offset:end], seq)[
                 len(self.decode(seq.token_ids[seq.prefix_offset:seq.read_offset], seq)):]
 
     def _detokenize(self, seq: Sequence) -> int:
@@ -99,19 +105,23 @@ class OutputProcessor:
         seq.output_text += after[len(before):]
         return len(after) - len(before)
 
-    def _check_stop(self, seq: Sequence, token: int, new_chars: int) -> None:
-        params = seq.params
-        if seq.num_output_tokens >= params.min_tokens:
+    @staticmethod
+    def _check_stop_token(seq: Sequence, token: int) -> None:
+        """Stops on the token itself: EOS, or one of stop_token_ids (its stop_reason), once
+        min_tokens tokens exist."""
+        if seq.num_output_tokens >= seq.params.min_tokens:
             if token in seq.eos_token_ids:
                 seq.finish_reason = "stop"
-                return
-            if token in params.stop_token_ids:
+            elif token in seq.params.stop_token_ids:
                 seq.finish_reason, seq.stop_reason = "stop", token
-                return
-            if params.stop_strings and (stop := self._find_stop_string(seq, new_chars)):
-                seq.finish_reason, seq.stop_reason = "stop", stop
-                return
-        if seq.num_tokens >= seq.max_len:
+
+    def _check_stop_text(self, seq: Sequence, new_chars: int) -> None:
+        """Stops on the text (a stop string completed by the new characters) or the length."""
+        params = seq.params
+        if (seq.num_output_tokens >= params.min_tokens and params.stop_strings
+                and (stop := self._find_stop_string(seq, new_chars))):
+            seq.finish_reason, seq.stop_reason = "stop", stop
+        elif seq.num_tokens >= seq.max_len:
             seq.finish_reason = "length"
 
     @staticmethod

@@ -73,6 +73,16 @@ def test_stop_token_ids_and_min_tokens(tiny_llm, greedy_outputs):
                             use_tqdm=False)[0].outputs[0]
     first = full.index(stop_id)
     assert out.token_ids == full[: first + 1] and (out.finish_reason, out.stop_reason) == ("stop", stop_id)
+    # The stop token's own text is left out, as vLLM does, unless include_stop_str_in_output asks for it:
+    # decoded whole at the end, incrementally while streaming, and alongside stop strings.
+    texts = decoded_prefixes(tiny_llm, full)
+    assert texts[first] != texts[first + 1] and out.text == texts[first]
+    for include in (False, True):
+        for stop in ([], ["never"]):
+            params = SamplingParams(temperature=0.0, max_tokens=24, stop_token_ids=[stop_id], stop=stop,
+                                    include_stop_str_in_output=include)
+            assert tiny_llm.generate(PROMPTS[0], params, use_tqdm=False)[0].outputs[0].text == texts[first + include]
+        assert "".join(tiny_llm.stream(PROMPTS[0], params)) == texts[first + include]
     # The stop token is banned until min_tokens tokens exist, so the output cannot stop before.
     late = tiny_llm.generate(PROMPTS[0], SamplingParams(temperature=0.0, max_tokens=24, min_tokens=first + 3,
                                                         stop_token_ids=[stop_id]), use_tqdm=False)[0].outputs[0]

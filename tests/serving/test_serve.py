@@ -627,14 +627,19 @@ def test_a_sampled_chat_tokens_alternatives_are_the_best_ones_whatever_was_sampl
 
 def test_a_stop_token_is_named_as_the_stop_reason_whole_and_streamed(server, reference):
     """stop_token_ids end a choice at the first one met, which is then its stop_reason (an int, where
-    a stop string's is the string), on the whole answer and on the stream's last chunk."""
+    a stop string's is the string), on the whole answer and on the stream's last chunk. The stop
+    token adds no text, so the last step of the stream adds none: its chunk still comes, to say why
+    the choice ended."""
     out = reference.generate(["def fibonacci(n):"], SamplingParams(temperature=0, max_tokens=8),
                              use_tqdm=False)[0].outputs[0]
     stop_id = out.token_ids[3]
     assert stop_id not in out.token_ids[:3]
+    before = reference.llm_engine.tokenizer.decode(out.token_ids[:3], clean_up_tokenization_spaces=False)
+    assert before != reference.llm_engine.tokenizer.decode(out.token_ids[:4], clean_up_tokenization_spaces=False)
     body = {"prompt": "def fibonacci(n):", "max_tokens": 8, "temperature": 0, "stop_token_ids": [stop_id]}
     whole = httpx.post(server.base_url + "/completions", json=body, timeout=30).json()["choices"][0]
-    assert (whole["finish_reason"], whole["stop_reason"]) == ("stop", stop_id)
+    assert (whole["finish_reason"], whole["stop_reason"], whole["text"]) == ("stop", stop_id, before)
     chunks = events(httpx.post(server.base_url + "/completions", json={**body, "stream": True}, timeout=30))[:-1]
-    assert "".join(c["choices"][0]["text"] for c in chunks) == whole["text"]
-    assert (chunks[-1]["choices"][0]["finish_reason"], chunks[-1]["choices"][0]["stop_reason"]) == ("stop", stop_id)
+    assert "".join(c["choices"][0]["text"] for c in chunks) == before
+    last = chunks[-1]["choices"][0]
+    assert (last["text"], last["finish_reason"], last["stop_reason"]) == ("", "stop", stop_id)
