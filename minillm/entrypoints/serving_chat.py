@@ -13,6 +13,11 @@ from minillm.entrypoints.protocol import ChatCompletionRequest
 from minillm.entrypoints.serving_engine import Indexed, Prepared, chunk_usage, collect, deltas, now, prepare, usage
 from minillm.outputs import CompletionOutput, Logprob
 
+# What a chat template raises against the messages it renders: its own verdict (raise_exception:
+# roles must alternate, ...), or what it cannot do with them (a TypeError: adding text to a list of
+# content parts, ...).
+REFUSALS = (jinja2.TemplateError, TypeError)
+
 
 def check_template(tokenizer, chat_template: str) -> None:
     """ValueError where the server's --chat-template does not parse: found when the server starts,
@@ -25,7 +30,7 @@ def check_template(tokenizer, chat_template: str) -> None:
         tokenizer.apply_chat_template([{"role": "user", "content": "x"}], chat_template=chat_template, tokenize=False)
     except jinja2.TemplateSyntaxError as e:
         raise ValueError(f"chat_template does not parse: {e} (line {e.lineno})") from None
-    except jinja2.TemplateError:
+    except REFUSALS:
         pass
 
 
@@ -39,7 +44,7 @@ def render(tokenizer, request: ChatCompletionRequest, chat_template: str | None)
     try:
         text = tokenizer.apply_chat_template(request.conversation(), chat_template=chat_template, tokenize=False,
                                              add_generation_prompt=request.add_generation_prompt)
-    except jinja2.TemplateError as e:  # the template's own verdict on the messages (roles must alternate, ...)
+    except REFUSALS as e:
         raise ValueError(f"messages: the chat template refused them: {e}") from None
     return {"prompt": text, "prompt_token_ids": tokenizer(text, add_special_tokens=False)["input_ids"]}
 

@@ -101,6 +101,7 @@ def test_the_values_that_ask_for_nothing_are_served(server):
 @pytest.mark.parametrize("template, words", [
     ("{{ raise_exception('roles must alternate') }}", "roles must alternate"),  # what real templates raise
     ("{{ messages[0].missing.deeper }}", "has no attribute 'missing'"),
+    ("{{ messages[0].content + 1 }}", "can only concatenate str"),
 ])
 def test_a_chat_template_that_refuses_the_messages_gets_a_400(template, words):
     with BackgroundServer("tiny", chat_template=template, **ENGINE) as templated:
