@@ -65,6 +65,25 @@ def test_the_paged_backend_stages_slots_lengths_and_tables_in_its_own_tensors():
     assert (graph.decode_only, graph.max_query_len, graph.max_seq_len) == (True, 1, engine.max_model_len)
 
 
+def test_a_full_batch_padded_to_a_graph_keeps_a_row_for_its_padding_tokens():
+    """max_num_seqs sequences in a step of fewer tokens than its graph's: the shape has one sequence
+    row more than max_num_seqs, so the padding tokens belong to a row with no keys rather than to the
+    last sequence's, whose attention they would otherwise compute for nothing."""
+    engine = paged_engine()
+    runner = engine.model_runner
+    runner.capture_cuda_graphs(capture=False)
+    seqs = [Sequence(str(i), prompt_token_ids=range(3)) for i in range(engine.scheduler.max_num_seqs)]
+    for i, seq in enumerate(seqs):
+        seq.block_table = [i]
+    query_lens = [1] * (len(seqs) - 1) + [2]  # one prompt chunk among decodes: a ragged step
+    batch = runner.cuda_graphs.descriptor(query_lens, [1] * len(seqs))
+    assert batch.num_tokens > sum(query_lens) and batch.num_seqs == len(seqs) + 1
+    metadata = runner.attn_backend.build_metadata(seqs, [2] * (len(seqs) - 1) + [1], query_lens, batch)
+    runner.buffers.arena.flush()
+    assert metadata.cu_seqlens_q.tolist()[-2:] == [sum(query_lens), batch.num_tokens]
+    assert metadata.seq_lens.tolist() == [3] * len(seqs) + [0]
+
+
 def test_contiguous_and_no_cache_backends_build_theirs():
     engine = LLM("tiny", skip_tokenizer_init=True, dtype="float32", kv_cache="contiguous").llm_engine
     seq = Sequence("a", prompt_token_ids=range(5), max_model_len=16)
