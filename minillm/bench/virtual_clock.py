@@ -37,11 +37,13 @@ class StepCost:
 
 
 def fit_step_cost(num_tokens: Sequence[int], seconds: Sequence[float]) -> StepCost:
-    """Least squares through measured (tokens, seconds) pairs."""
+    """Least squares through measured (tokens, seconds) pairs. Where steps cost about the same
+    whatever their size (a small model on a GPU), noise can tilt the line down: a step never gets
+    cheaper with more tokens, so the slope is at least 0."""
     n = len(num_tokens)
     mean_x, mean_y = sum(num_tokens) / n, sum(seconds) / n
     var = sum((x - mean_x) ** 2 for x in num_tokens)
-    slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(num_tokens, seconds)) / var
+    slope = max(0.0, sum((x - mean_x) * (y - mean_y) for x, y in zip(num_tokens, seconds)) / var)
     return StepCost(fixed=max(0.0, mean_y - slope * mean_x), per_token=slope)
 
 
