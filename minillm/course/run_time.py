@@ -47,5 +47,5 @@ def run_time_note(chapter: int) -> str:
     t = RUN_TIMES[chapter]
     low, high = t.t4_minutes
     return (f"{RUN_TIME_HEADING} About {t.cpu_seconds} s on a 2-core CPU with the shipped `tiny` model "
-            f"(measured); {low} to {high} min on a Colab T4 with SmolLM2-360M (an estimate until measured, "
-            f"plus the model's download on first use). What a CPU run cannot show here: {t.cpu_cannot_show}.")
+            f"(measured); {low} to {high} min on a Colab T4 with SmolLM2-360M (estimated; the model's download on "
+            f"first use adds to it). What a CPU run cannot show here: {t.cpu_cannot_show}.")

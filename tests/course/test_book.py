@@ -105,7 +105,7 @@ def test_each_chapter_opens_with_the_engine_map_marking_its_parts_and_its_run_ti
     assert cells[2].source == chapter_header(chapter), f"{path.name}: the cell after the title must be the " \
                                                        "engine's map and the run time; run `minillm course sync`"
     note = run_time_note(chapter)
-    assert re.search(r"About \d+ s on a 2-core CPU .*\(measured\); \d+ to \d+ min on a Colab T4 .*an estimate", note)
+    assert re.search(r"About \d+ s on a 2-core CPU .*\(measured\); \d+ to \d+ min on a Colab T4 .*\(estimated", note)
     assert "What a CPU run cannot show here: " in note
 
 
