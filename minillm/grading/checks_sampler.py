@@ -1,7 +1,8 @@
 """Checks for exercise 00, parts 1 and 2: the learner's `sample`, the engine's sampler for one setting.
 
-Part 1: temperature 0 is each row's argmax; other temperatures, tested by their draws' distribution;
-and the generator given decides the draws. Part 2: min_p, top_k and top_p, each on a row built so
+Part 1: temperature 0 is each row's argmax; other temperatures, tested by their draws' distribution,
+on logits as large as a model's too (a softmax written without subtracting the max overflows); and
+the generator given decides the draws. Part 2: min_p, top_k and top_p, each on a row built so
 that its usual mistakes (one token too many or too few at top_p's boundary, min_p absolute or before
 the temperature, top_k's ties, top_p measured before renormalizing) draw from distributions far from
 the right one, and are named.
@@ -30,6 +31,8 @@ from minillm.grading.sampler_cases import (
 P = torch.tensor([0.40, 0.25, 0.15, 0.10, 0.06, 0.04], dtype=torch.float64)
 P_TIED = torch.tensor([0.40, 0.20, 0.20, 0.10, 0.06, 0.04], dtype=torch.float64)
 GREEDY_ROWS, GREEDY_VOCAB = 16, 50
+# Divided by a temperature of 0.5, every logit of its case is past 88, where exp overflows float32.
+LARGE_LOGIT = 60.0
 TOP_P_OFF = ("the least likely token never came out: top_p = 1 must keep every token (a cumulative sum in float32 "
              "can end a hair away from 1, so skip top_p when it is 1)")
 
@@ -50,10 +53,19 @@ def temperature_cases() -> list[Case]:
                     mistakes=((P, after_softmax), (torch.softmax(P / t, dim=0), after_softmax),
                               (normalized(P ** t), multiplied)))
 
+    # A model's logits reach the tens, and a low temperature multiplies them: exp of one past 88
+    # overflows float32, so a softmax that does not subtract the row's max first gives NaN, and the
+    # argmax of NaN is token 0.
+    overflowed = ("the softmax overflowed: exp of a logit above 88 is inf in float32, and inf / inf is NaN; "
+                  "subtract each row's largest logit before exp (torch.softmax does it for you)")
+    large = Case(f"temperature 0.5 on logits as large as a model's (up to {LARGE_LOGIT:g}): a softmax that "
+                 "does not subtract the row's max overflows", logits_of(P) + LARGE_LOGIT - 2, Settings(temperature=0.5),
+                 mistakes=((kept(P, [0]), overflowed),))
+
     # At temperature 1 only a second softmax changes the distribution.
     return [Case("temperature 1: the softmax of the logits themselves", logits_of(P), Settings(),
                  mistakes=((torch.softmax(P, dim=0), after_softmax), (kept(P, [0, 1, 2, 3, 4]), TOP_P_OFF))),
-            case(0.5), case(2.0)]
+            case(0.5), case(2.0), large]
 
 
 def filter_cases() -> list[Case]:
@@ -114,8 +126,8 @@ def check_temperature(sample: Callable) -> None:
         check_case(sample, case, seed)
     _check_seeding(sample, cases[0])
     print(f"check_temperature passed: greedy rows are their argmax; temperatures "
-          f"{', '.join(str(c.settings.temperature) for c in cases)} draw as they should ({DRAWS} draws each, "
-          "chi-square); the generator's seed decides the tokens")
+          f"{', '.join(sorted({str(c.settings.temperature) for c in cases}))}, and logits up to {LARGE_LOGIT:g}, "
+          f"draw as they should ({DRAWS} draws each, chi-square); the generator's seed decides the tokens")
 
 
 def _check_seeding(sample: Callable, case: Case) -> None:

@@ -47,8 +47,14 @@ def engine_sample(logits, temperature, top_k, top_p, min_p, generator):
 
 
 def sample_with(temperature="divide", greedy=True, min_p="relative", top_k="ties", top_p="right",
-                draw="race", rng="given"):
+                draw="race", rng="given", softmax="stable"):
     """The rules written out, with one of them broken by an argument."""
+    def softmax_of(x):
+        if softmax == "stable":
+            return x.softmax(dim=-1)
+        e = x.exp()  # without subtracting the row's max first
+        return e / e.sum(dim=-1, keepdim=True)
+
     def sample(logits, t, k, p, m, generator):
         if t == 0 and greedy:
             return logits.argmax(dim=-1)
@@ -57,7 +63,7 @@ def sample_with(temperature="divide", greedy=True, min_p="relative", top_k="ties
              "softmax twice": lambda: logits.softmax(-1) / t}[temperature]()
         tempered = x
         if m > 0:
-            probs = (logits if min_p == "before temperature" else x).softmax(dim=-1)
+            probs = softmax_of(logits if min_p == "before temperature" else x)
             threshold = m if min_p == "absolute" else m * probs.amax(dim=-1, keepdim=True)
             x = x.masked_fill(probs < threshold, -math.inf)
         if k != 0 and (top_k == "crash at -1" or 0 < k < x.shape[-1]):
@@ -68,7 +74,7 @@ def sample_with(temperature="divide", greedy=True, min_p="relative", top_k="ties
             else:
                 x = x.masked_fill(x < values[:, -1:], -math.inf)
         if p < 1 or top_p == "drops the last at 1":
-            probs, order = (tempered if top_p == "not renormalized" else x).softmax(dim=-1).sort(-1, descending=True)
+            probs, order = softmax_of(tempered if top_p == "not renormalized" else x).sort(-1, descending=True)
             cumulative = probs.cumsum(dim=-1)
             before = cumulative - probs
             last = (torch.arange(probs.shape[-1]) == probs.shape[-1] - 1).expand_as(before)
@@ -76,7 +82,7 @@ def sample_with(temperature="divide", greedy=True, min_p="relative", top_k="ties
                     "one too many": torch.cat([torch.zeros_like(before[:, :1]), before[:, :-1]], dim=-1) >= p,
                     "drops the last at 1": last}[top_p]
             x = x.masked_fill(torch.zeros_like(drop).scatter(-1, order, drop), -math.inf)
-        probs = x.softmax(dim=-1)
+        probs = softmax_of(x)
         if draw == "multinomial":
             return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
         if draw == "inverse cdf":  # right in distribution, but not the engine's tokens for a seed
@@ -117,6 +123,8 @@ def test_checks_pass_the_solution_the_engines_sampler_and_another_right_draw(sol
     (sample_with(draw="argmax"), "every row drew token 0: each row is a draw of its own"),
     (sample_with(draw="one noise for all rows"), "every row drew token"),
     (sample_with(rng="global"), "draws from torch's global random state"),
+    (sample_with(softmax="overflows"), "the softmax overflowed: exp of a logit above 88 is inf"),
+    (sample_with(softmax="overflows", draw="multinomial"), r"raised RuntimeError(?s:.*)as large as a model's"),
     (sample_with(rng="own"), "the generator given is not used"),
     (sample_with(top_k="crash at -1"), r"raised RuntimeError(?s:.*)top_k = -1 keeps every token"),
     (sample_with(top_p="drops the last at 1"), "least likely token never came out: top_p = 1 must keep"),
@@ -134,7 +142,8 @@ def test_checks_pass_the_solution_the_engines_sampler_and_another_right_draw(sol
     (lambda *args: sample_with()(*args).tolist(), "returned list"),
     (not_implemented, "sample is not implemented yet"),
 ], ids=["temperature-multiplied", "temperature-after-softmax", "softmax-twice", "greedy-divides-by-zero",
-        "argmax-not-a-draw", "one-noise-for-all-rows", "global-rng", "own-generator", "top-k-minus-one-crashes",
+        "argmax-not-a-draw", "one-noise-for-all-rows", "global-rng", "softmax-overflows",
+        "softmax-overflows-multinomial", "own-generator", "top-k-minus-one-crashes",
         "top-p-1-drops-a-token", "top-k-one-too-few", "top-k-one-too-many", "top-k-drops-ties",
         "top-p-one-too-few", "top-p-one-too-many", "min-p-absolute", "min-p-before-temperature",
         "top-p-not-renormalized", "in-place", "int32", "keepdim", "list", "not-implemented"])
