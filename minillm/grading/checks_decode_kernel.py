@@ -5,7 +5,8 @@ on random paged batches, then as the engine's decode attention.
 The learner writes the loop over tiles of 16 tokens, so the cases are chosen to tell its usual
 mistakes apart: a sequence of at most one tile is right as soon as the scores and the softmax are,
 a longer one also needs the running values rescaled when the maximum grows, and a length that is
-not a multiple of the tile needs the tail masked.
+not a multiple of the tile needs the tail masked. Last, scores as large as a model's can be: exp()
+overflows float32 unless it subtracts the running max, the max over every tile so far.
 """
 
 from __future__ import annotations
@@ -22,12 +23,20 @@ from minillm.llm import LLM
 
 TILE = 16  # the tile of the exercise's kernel
 TOLERANCE = 1e-4  # relative, fp32
-# (query heads per KV head, head_dim, block_size, sequence lengths): one tile, exact tiles, tails.
-CASES = [(1, 64, 16, [16, 3, 1]), (2, 64, 16, [32, 48, 16]), (2, 80, 32, [40, 100, 7, 16]),
-         (4, 128, 16, [200, 33, 64]), (8, 64, 32, [150, 1])]
+# (query heads per KV head, head_dim, block_size, sequence lengths, scale of q): one tile, exact tiles,
+# tails; then queries 100 times larger, whose scores (standard deviation 100) overflow exp() in float32
+# unless every exp subtracts the running max: exp(scores) alone, or the max of one tile alone (whose
+# exp(m_old - m_tile) overflows when a later tile's max is lower), give inf and NaN.
+CASES = [(1, 64, 16, [16, 3, 1], 1.0), (2, 64, 16, [32, 48, 16], 1.0), (2, 80, 32, [40, 100, 7, 16], 1.0),
+         (4, 128, 16, [200, 33, 64], 1.0), (8, 64, 32, [150, 1], 1.0), (2, 64, 16, [130, 64, 20], 100.0)]
+OVERFLOW_HINT = ("scores this large overflow exp() in float32 (past 88.7): take p = exp(scores - m_new) and "
+                 "alpha = exp(m - m_new), where m_new = max(m, this tile's max) is the running max of every tile "
+                 "so far, so that no exp() sees a positive argument")
 
 
-def _hint(lens: list[int], bad: list[bool]) -> str:
+def _hint(lens: list[int], bad: list[bool], q_scale: float) -> str:
+    if q_scale > 1:  # the earlier cases passed: the loop is right but for the size of its exp() arguments
+        return OVERFLOW_HINT
     good_short = all(not b for n, b in zip(lens, bad) if n <= TILE)
     good_multiples = all(not b for n, b in zip(lens, bad) if n % TILE == 0)
     if good_short and any(b for n, b in zip(lens, bad) if n > TILE):
@@ -44,18 +53,20 @@ def _hint(lens: list[int], bad: list[bool]) -> str:
 def check_decode_kernel(paged_decode: Callable) -> None:
     """The learner's kernel against the reference, sequence by sequence, on random paged batches."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    for case, (group, head_dim, block_size, lens) in enumerate(CASES):
+    for case, (group, head_dim, block_size, lens, q_scale) in enumerate(CASES):
         kv_heads = 2
         k_cache, v_cache, tables, seq_lens = paged_batch(lens, kv_heads, head_dim, block_size, torch.float32,
                                                          seed=case, device=device)
         q = torch.randn(len(lens), kv_heads * group, head_dim, generator=torch.Generator().manual_seed(case))
-        q = q.to(device)
+        q = (q * q_scale).to(device)
         scale = head_dim ** -0.5
         described = (f"{len(lens)} sequences of {lens} tokens, {kv_heads * group} query heads over {kv_heads} KV "
                      f"heads, head_dim {head_dim}, blocks of {block_size} tokens")
+        if q_scale > 1:
+            described += f", queries scaled by {q_scale:g} (scores of standard deviation {q_scale:g})"
         expected = paged_decode_attention_ref(q, k_cache, v_cache, tables, seq_lens, scale)
         got = call_learner(paged_decode, "paged_decode", described, q, k_cache, v_cache, tables, seq_lens, scale)
-        got = check_tensor(got, expected, "paged_decode", described,
+        got = check_tensor(got, expected, "paged_decode", described, OVERFLOW_HINT if q_scale > 1 else
                            "exp(-inf - (-inf)) is NaN: is a tile's max taken over masked scores only?")
         errors = [((g - e).abs().max() / e.abs().max()).item() for g, e in zip(got, expected)]
         bad = [err > TOLERANCE for err in errors]
@@ -65,9 +76,9 @@ def check_decode_kernel(paged_decode: Callable) -> None:
                               f"  sequence {worst} ({lens[worst]} tokens): largest error {errors[worst]:.2g} of the "
                               f"largest output (tolerance {TOLERANCE}); wrong sequences: "
                               f"{[n for n, b in zip(lens, bad) if b]} tokens, right: "
-                              f"{[n for n, b in zip(lens, bad) if not b]} tokens\n  hint: {_hint(lens, bad)}")
+                              f"{[n for n, b in zip(lens, bad) if not b]} tokens\n  hint: {_hint(lens, bad, q_scale)}")
     print(f"check_decode_kernel passed: {len(CASES)} random paged batches (GQA 1 to 8, head dims 64 to 128, "
-          f"1 to 200 tokens) within {TOLERANCE} of the reference")
+          f"1 to 200 tokens, scores large enough to overflow exp()) within {TOLERANCE} of the reference")
 
 
 def check_engine(paged_decode: Callable, llm: LLM) -> None:

@@ -75,6 +75,22 @@ def test_check_names_the_mistake(tmp_path, old, new, message):
         checks.check_decode_kernel(mutated(tmp_path, old, new, "wrong"))
 
 
+@pytest.mark.parametrize("changes", [
+    # exp(scores) with no max subtracted, and nothing to rescale: exact for small scores, inf for large ones
+    [("p = tl.exp(scores - m_new[:, None])", "p = tl.exp(scores)"),
+     ("alpha = tl.exp(m - m_new)", "alpha = tl.full([GROUP_PAD], 1.0, tl.float32)")],
+    # the max of this tile alone: exact for small scores, but exp(m - m_new) overflows after a lower tile
+    [("m_new = tl.maximum(m, tl.max(scores, 1))", "m_new = tl.max(scores, 1)")],
+], ids=["no-max-subtracted", "max-of-the-tile-alone"])
+def test_check_names_an_exp_that_overflows_on_large_scores(tmp_path, changes):
+    source = solution_source()
+    for old, new in changes:
+        assert old in source, old
+        source = source.replace(old, new)
+    with pytest.raises(CheckFailed, match=r"queries scaled by 100(?s:.*)overflow exp\(\) in float32"):
+        checks.check_decode_kernel(kernel(tmp_path, source, "overflows"))
+
+
 @pytest.mark.slow
 def test_engine_check_passes_the_solution_fails_a_wrong_kernel_and_restores_the_engine(tmp_path, capsys):
     llm = LLM("tiny", dtype="float32")
