@@ -33,6 +33,9 @@ def _explain(expected: dict, got: dict, scheduler: Scheduler, batch: ScheduledBa
         hint = ("the batch holds more tokens than max_num_batched_tokens: a prompt gets at most the budget "
                 "left (scheduler.num_new_tokens(seq, budget) says how much), and whatever a request takes is "
                 "no longer left for the next one")
+    elif any(n == 0 for _, n in got["batch"]):
+        hint = ("a request joined the batch with 0 tokens to compute: the budget was spent before its turn, and it "
+                "now holds KV memory and a slot in running for nothing; admit only while budget > 0")
     elif len(scheduler.running) > scheduler.max_num_seqs:
         hint = "more than max_num_seqs sequences run: count the running ones before each admission"
     elif batch.preempted and got["running"] != expected["running"]:

@@ -9,6 +9,7 @@ the rules every admission step keeps, whichever requests it chose.
 from __future__ import annotations
 
 from collections.abc import Callable
+from unittest import mock
 
 from minillm.engine.policy import SchedulingPolicy
 from minillm.engine.scheduler import ScheduledBatch, Scheduler
@@ -25,16 +26,27 @@ POLICY_RULES = ("choose among the waiting requests, never among the running ones
                 "goes before newer ones")
 
 
-def call_policy(policy: Callable, scheduler: Scheduler, batch: ScheduledBatch, budget: int, case: str) -> None:
-    """The learner's policy, called as the scheduler calls it; case: where, for the message."""
+def call_policy(policy: Callable, scheduler: Scheduler, batch: ScheduledBatch, budget: int,
+                case: str) -> list[tuple[str, bool]]:
+    """The learner's policy, called as the scheduler calls it; case: where, for the message. Returns
+    its calls to scheduler.allocate, in order: (request id, whether it got memory)."""
+    allocations: list[tuple[str, bool]] = []
+
+    def allocate(seq: Sequence) -> bool:
+        granted = Scheduler.allocate(scheduler, seq)
+        allocations.append((seq.request_id, granted))
+        return granted
+
     try:
-        call_learner(policy, POLICY, case, scheduler, batch, budget)
+        with mock.patch.object(scheduler, "allocate", allocate):
+            call_learner(policy, POLICY, case, scheduler, batch, budget)
     except CheckFailed as e:
         if "mutated during iteration" not in str(e):
             raise
         raise CheckFailed(f"{e}\n  hint: you removed a request from scheduler.waiting while a for loop was walking "
                           "through it; walk through a copy (sorted() returns a new list) or choose one request per "
                           "round of a while loop") from None
+    return allocations
 
 
 def _queue(lengths: list[int], waited: list[int], max_num_seqs: int) -> Scheduler:
@@ -58,8 +70,7 @@ def _order_case(policy: Callable, title: str, lengths: list[int], waited: list[i
     batch = ScheduledBatch([], [], [], [])
     where = f"on the queue '{title}' ({case}), with {room}"
     before = (list(scheduler.running), list(scheduler.waiting), 0)
-    call_policy(policy, scheduler, batch, 64, where)
-    _check_step(scheduler, batch, before, where)
+    _check_step(scheduler, batch, before, call_policy(policy, scheduler, batch, 64, where), where)
     got = [s.request_id for s in batch.seqs]
     if got != expected:
         hint = mistakes.get(tuple(got), POLICY_RULES)
@@ -67,10 +78,14 @@ def _order_case(policy: Callable, title: str, lengths: list[int], waited: list[i
                           f"admitted {got}, expected {expected}\n  hint: {hint}")
 
 
-def _check_step(scheduler: Scheduler, batch: ScheduledBatch, before: tuple[list, list, int], where: str) -> None:
-    """The rules one admission step keeps, whichever requests it chose."""
+def _check_step(scheduler: Scheduler, batch: ScheduledBatch, before: tuple[list, list, int],
+                allocations: list[tuple[str, bool]], where: str) -> None:
+    """The rules one admission step keeps, whichever requests it chose (allocations: its calls to
+    scheduler.allocate, in order)."""
     running, waiting, in_batch = before
     joined = scheduler.running[len(running):]
+    refused = next((i for i, (_, granted) in enumerate(allocations) if not granted), None)
+    passed = [] if refused is None else [r for r, granted in allocations[refused:] if granted]
     problem = None
     if scheduler.running[:len(running)] != running:
         problem = ("scheduler.running changed order or lost a sequence: a policy chooses among the *waiting* "
@@ -93,6 +108,10 @@ def _check_step(scheduler: Scheduler, batch: ScheduledBatch, before: tuple[list,
         problem = f"{len(scheduler.running)} sequences run, more than max_num_seqs={scheduler.max_num_seqs}"
     elif batch.preempted and joined:
         problem = "requests were admitted in a step that preempted a sequence: memory is short, admit none"
+    elif passed:
+        problem = (f"scheduler.allocate refused {allocations[refused][0]} (no KV memory for it), and then {passed} "
+                   "got memory and were admitted: when the request you chose gets no memory, stop. Smaller ones "
+                   "taking the memory it waits for could keep it waiting forever, however much it has aged")
     if problem:
         raise CheckFailed(f"{POLICY}, {where}: {problem}\n  the rules: {POLICY_RULES}")
 
@@ -104,8 +123,7 @@ def _simulate_policy(policy: Callable, seed: int) -> None:
     def guarded(scheduler: Scheduler, batch: ScheduledBatch, budget: int) -> None:
         before = (list(scheduler.running), list(scheduler.waiting), len(batch.seqs))
         where = f"at step {step} ({described})"
-        call_policy(policy, scheduler, batch, budget, where)
-        _check_step(scheduler, batch, before, where)
+        _check_step(scheduler, batch, before, call_policy(policy, scheduler, batch, budget, where), where)
 
     scheduler = workloads.paged_scheduler(limits, SchedulingPolicy(admit=guarded))
     queue = workloads.arrivals(requests)

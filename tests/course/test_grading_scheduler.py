@@ -40,11 +40,12 @@ def policy(solution):
     return solution["admit_shortest_first"]
 
 
-def admit_with(take_tokens=None, limit_slots=True, stop_at_head=True, spend=True, after_preemption=False):
+def admit_with(take_tokens=None, limit_slots=True, stop_at_head=True, spend=True, after_preemption=False,
+               limit_budget=True):
     """The solution's loop with one rule broken."""
     def admit(scheduler, batch, budget):
         for seq in list(scheduler.waiting):
-            if budget <= 0 or (limit_slots and len(scheduler.running) >= scheduler.max_num_seqs) or (
+            if (limit_budget and budget <= 0) or (limit_slots and len(scheduler.running) >= scheduler.max_num_seqs) or (
                     batch.preempted and not after_preemption):
                 break
             if not scheduler.allocate(seq):
@@ -69,11 +70,12 @@ def test_checks_pass_on_the_solution_and_on_the_rules_restated(admit, capsys):
     (admit_with(take_tokens=lambda seq: seq.num_tokens - seq.num_computed_tokens), "more tokens than max_num_batched"),
     (admit_with(spend=False), "more tokens than max_num_batched"),
     (admit_with(limit_slots=False), "more than max_num_seqs"),
+    (admit_with(limit_budget=False), "joined the batch with 0 tokens to compute(?s:.*)budget > 0"),
     (admit_with(stop_at_head=False), "admitted ahead of its turn"),
     (admit_with(after_preemption=True), "this step preempted a sequence, and then admitted"),
     (lambda scheduler, batch, budget: None, "expected: .*(?s:.*)allocate"),
-], ids=["no-chunking", "budget-not-spent", "no-slot-limit", "overtakes-the-head", "admits-after-preemption",
-        "admits-nothing"])
+], ids=["no-chunking", "budget-not-spent", "no-slot-limit", "no-budget-left", "overtakes-the-head",
+        "admits-after-preemption", "admits-nothing"])
 def test_checks_name_the_mistake(wrong, message):
     with pytest.raises(CheckFailed, match=message):
         check_admit(wrong)
@@ -100,13 +102,20 @@ def test_engine_check_passes_the_solution_and_fails_a_wrong_one_given_as_the_sch
 
 
 def policy_with(priority=lambda scheduler, seq: seq.num_tokens - 8 * scheduler.steps_waited(seq), spend=True,
-                sort_running=False, after_preemption=False, limit_slots=True):
+                sort_running=False, after_preemption=False, limit_slots=True, pass_the_refused=False):
     """A shortest-first policy (smaller priority first) with one rule broken."""
     def admit_shortest_first(scheduler, batch, budget):
+        refused = []
         while scheduler.waiting and budget > 0 and (after_preemption or not batch.preempted) and (
                 len(scheduler.running) < scheduler.max_num_seqs or not limit_slots):
-            seq = min(scheduler.waiting, key=lambda s: priority(scheduler, s))
+            candidates = [s for s in scheduler.waiting if s not in refused]
+            if not candidates:
+                break
+            seq = min(candidates, key=lambda s: priority(scheduler, s))
             if not scheduler.allocate(seq):
+                if pass_the_refused:
+                    refused.append(seq)
+                    continue
                 break
             scheduler.waiting.remove(seq)
             scheduler.running.append(seq)
@@ -143,9 +152,10 @@ def test_policy_check_passes_the_solution_and_the_rules_restated(policy, capsys)
     (policy_with(spend=False), "more than max_num_batched_tokens"),
     (policy_with(after_preemption=True), "admitted in a step that preempted"),
     (policy_with(limit_slots=False), "more than max_num_seqs"),
+    (policy_with(pass_the_refused=True), r"allocate refused r\d+ (?s:.*)when the request you chose gets no memory"),
 ], ids=["reversed-order", "first-come-first-served", "starves-long-prompts", "reorders-running",
         "mutates-the-queue-while-iterating", "beyond-the-budget", "admits-after-preemption",
-        "no-slot-limit"])
+        "no-slot-limit", "passes-the-request-refused-memory"])
 def test_policy_check_names_the_mistake(wrong, message):
     with pytest.raises(CheckFailed, match=message):
         check_policy(wrong)
