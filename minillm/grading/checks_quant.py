@@ -25,12 +25,13 @@ from minillm.quant import int4, matmul_reference
 CASES = ((4, 64, 32, "two groups per row"),
          (3, 128, 128, "one group per row"),
          (5, 96, 32, "three groups per row, an outlier in one"),
-         (2, 64, 64, "a group of positive weights only, and a group of equal weights"))
+         (3, 64, 64, "a group of positive weights only, a group of equal weights, and a group of zeros"))
 
 
 def _weight(rows: int, inputs: int, group_size: int, seed: int) -> torch.Tensor:
     """Signed, off-centre groups of different widths; case 2 plants an outlier, case 3 a group with
-    no negative weight (its range must still reach down to 0) and a constant group."""
+    no negative weight (its range must still reach down to 0), a constant group, and a group of zeros
+    (a pruned or padded row: hi - lo = 0, so an unclamped scale of 0 makes its zero point 0 / 0)."""
     g = torch.Generator().manual_seed(seed)
     w = torch.randn(rows, inputs, generator=g) * torch.rand(rows, 1, generator=g) + 0.3 * torch.randn(
         rows, inputs // group_size, 1, generator=g).repeat_interleave(group_size, 1).view(rows, inputs)
@@ -39,6 +40,7 @@ def _weight(rows: int, inputs: int, group_size: int, seed: int) -> torch.Tensor:
     if seed == 3:
         w[0, :group_size] = w[0, :group_size].abs() + 0.5
         w[1, :group_size] = -0.75
+        w[2, :group_size] = 0.0
     return w
 
 
@@ -75,6 +77,9 @@ def _mistakes(w: torch.Tensor, group_size: int) -> dict[str, tuple[torch.Tensor 
 
 
 def _explain(w: torch.Tensor, group_size: int, scales: torch.Tensor, zeros: torch.Tensor) -> str:
+    if not torch.isfinite(zeros).all():
+        return ("a zero point is NaN or inf: a group whose weights are all 0 has hi - lo = 0, so scale = 0 and "
+                "-lo / scale = 0 / 0; clamp the scale to a tiny minimum, ((hi - lo) / 15).clamp(min=1e-8)")
     for hint, (s, z) in _mistakes(w, group_size).items():
         # The zero point of a mistake may or may not have been clamped to [0, 15], as the recipe's is.
         if (s is None or s.shape == scales.shape and torch.allclose(scales.float(), s, rtol=1e-4, atol=1e-7)) and (
@@ -164,9 +169,11 @@ def check_pack(pack_int4: Callable, unpack_int4: Callable, dequantize_int4: Call
         if not isinstance(got_w, torch.Tensor) or got_w.shape != want_w.shape:
             raise CheckFailed(f"dequantize_int4 returned {shape(got_w)}; expected {shape(want_w)}\n  on input: {case}")
         if not torch.allclose(got_w, want_w, rtol=1e-6, atol=1e-7):
-            hint = ("subtract the zero point before scaling: (q - zero) * scale"
-                    if torch.allclose(got_w, int4.unpack_int4(packed_w).view(rows, -1, group_size).float().mul(
-                        scales[..., None]).flatten(1)) else
+            scaled = int4.unpack_int4(packed_w).view(rows, -1, group_size).float() * scales[..., None]
+            # Without the zero point, or with it subtracted after scaling, as if it were in weight units.
+            zero_point_missed = (scaled, scaled - zeros[..., None])
+            hint = ("subtract the zero point before scaling: (q - zero) * scale; the zero point counts levels, "
+                    "not weight units" if any(torch.allclose(got_w, v.flatten(1)) for v in zero_point_missed) else
                     "each group of group_size inputs has its own scale and zero: (q - zero) * scale, group by group")
             raise CheckFailed(f"dequantize_int4 does not give back the expected weights\n  on input: {case}\n"
                               f"  hint: {hint}")

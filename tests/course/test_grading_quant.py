@@ -28,11 +28,12 @@ def reference_quantize(weight, group_size):
 
 def quantize_with(symmetric=None, steps=15, include_zero=True, per_row=False, round_level=torch.round,
                   round_zero=torch.round, clamp_level=True, clamp_zero=True, q_dtype=torch.uint8,
-                  precision=None, shift_then_round=False):
+                  precision=None, shift_then_round=False, min_scale=1e-8):
     """quantize_int4 written from the exercise's text, group by group in a Python loop, with none of
     minillm's code; its arguments break one rule (symmetric: the divisor of absmax, zero fixed at 8),
     or take another correct road (precision: compute in float64; shift_then_round: round(w / scale
-    + zero), which differs from round(w / scale) + zero only at ties)."""
+    + zero), which differs from round(w / scale) + zero only at ties); min_scale=0 leaves a group of
+    zeros with scale 0."""
     def quantize_int4(weight, group_size):
         rows, inputs = weight.shape
         width = inputs if per_row else group_size
@@ -47,7 +48,7 @@ def quantize_with(symmetric=None, steps=15, include_zero=True, per_row=False, ro
                 lo, hi = block.amin(dim=1), block.amax(dim=1)
                 if include_zero:
                     lo, hi = torch.minimum(lo, torch.zeros_like(lo)), torch.maximum(hi, torch.zeros_like(hi))
-                scale = ((hi - lo) / steps).clamp(min=1e-8)
+                scale = ((hi - lo) / steps).clamp(min=min_scale)
                 zero = round_zero(-lo / scale)
                 zero = zero.clamp(0, 15) if clamp_zero else zero
             if shift_then_round:
@@ -80,7 +81,8 @@ def unpack_with(high_first=False):
 
 
 def dequantize_with(zero_point=True, spread="by index"):
-    """spread: how a group's scale and zero reach its inputs; "repeat" tiles the groups instead."""
+    """zero_point: False leaves it out, "after scaling" subtracts it from q * scale; spread: how a
+    group's scale and zero reach its inputs; "repeat" tiles the groups instead."""
     def dequantize_int4(packed, scales, zeros, group_size):
         q = unpack_with()(packed).to(scales.dtype)
         if spread == "repeat":
@@ -88,6 +90,8 @@ def dequantize_with(zero_point=True, spread="by index"):
         else:
             group = torch.arange(q.shape[1]) // group_size
             scale, zero = scales[:, group], zeros[:, group]
+        if zero_point == "after scaling":
+            return q * scale - zero
         return (q - zero) * scale if zero_point else q * scale
     return dequantize_int4
 
@@ -122,6 +126,7 @@ def test_check_quantize_passes_minillms_and_independent_versions(capsys):
     (quantize_with(round_level=torch.floor, round_zero=torch.floor),
      "likely mistake: floor instead of round(?s:.*)floor cuts every value down"),
     (quantize_with(clamp_level=False), r"levels from 0 to 16(?s:.*)hint: clamp q to \[0, 15\]"),
+    (quantize_with(min_scale=0.0), r"group of zeros(?s:.*)zero point is NaN(?s:.*)clamp\(min=1e-8\)"),
     (quantize_with(q_dtype=torch.int64), "q torch.int64, .*expected torch.uint8"),
     (lambda weight, group_size: int4.quantize_int4(weight, group_size),
      r"q of shape \[4, 32\]; expected \[4, 64\] \(one per weight\)"),
@@ -129,7 +134,8 @@ def test_check_quantize_passes_minillms_and_independent_versions(capsys):
     (not_implemented, "quantize_int4 is not implemented yet"),
 ], ids=["symmetric-absmax/7", "symmetric-absmax/7.5", "16-steps", "16-steps-zero-unclamped", "range-without-0",
         "range-without-0-zero-unclamped", "per-row-scales", "per-row-scales-one-column", "floor-levels",
-        "floor-levels-and-zeros", "no-clamp", "int64-levels", "returns-packed", "returns-nothing", "stub"])
+        "floor-levels-and-zeros", "no-clamp", "scale-0-for-a-group-of-zeros", "int64-levels", "returns-packed",
+        "returns-nothing", "stub"])
 def test_check_quantize_names_the_mistake(wrong, message):
     with pytest.raises(CheckFailed, match=message):
         checks.check_quantize(wrong)
@@ -157,13 +163,15 @@ def test_check_pack_passes_minillms_and_independent_versions(capsys):
     (pack_with(), unpack_with(high_first=True), dequantize_with(),
      r"unpack_int4\(pack_int4\(q\)\) is not q(?s:.*)hint: low nibble packed & 0xF first"),
     (pack_with(), unpack_with(), dequantize_with(zero_point=False), "subtract the zero point before scaling"),
+    (pack_with(), unpack_with(), dequantize_with(zero_point="after scaling"), "subtract the zero point before scaling"),
     (pack_with(), unpack_with(), dequantize_with(spread="repeat"),
      "each group of group_size inputs has its own scale and zero"),
     (not_implemented, unpack_with(), dequantize_with(), "pack_int4 is not implemented yet"),
     (pack_with(), not_implemented, dequantize_with(), "unpack_int4 is not implemented yet"),
     (pack_with(), unpack_with(), not_implemented, "dequantize_int4 is not implemented yet"),
 ], ids=["swapped-nibbles", "int64-bytes", "unpack-high-nibble-first", "dequantize-without-zero-point",
-        "dequantize-repeat-not-interleave", "pack-stub", "unpack-stub", "dequantize-stub"])
+        "dequantize-zero-point-after-scaling", "dequantize-repeat-not-interleave", "pack-stub", "unpack-stub",
+        "dequantize-stub"])
 def test_check_pack_names_the_mistake(pack, unpack, dequantize, message):
     with pytest.raises(CheckFailed, match=message):
         checks.check_pack(pack, unpack, dequantize)
