@@ -68,6 +68,10 @@ def cases() -> list[Case]:
              "(tpot_slo - fixed) is negative here: still one token per decode plus one"),
         Case("two decodes and a 7.5 ms target", 2, 0, 1, 512, 0.0075, 25,
              "tpot_slo and the cost model are both in seconds"),
+        # The other targets leave a whole number of tokens; this one does not, so rounding shows.
+        Case("three decodes and a 12.37 ms target, where 73.7 tokens fit", 3, 0, 1, 512, 0.01237, 73,
+             "a step of 74 tokens takes 5 + 7.4 = 12.4 ms, past the target: round (tpot_slo - fixed) / per_token "
+             "down (math.floor), not to the nearest, nor up"),
     ]
 
 
@@ -107,7 +111,7 @@ def check_token_budget(token_budget: Callable[[Scheduler, StepCost, float], int]
             raise CheckFailed("token_budget changed scheduler.running: it must only read the scheduler's state")
         if got not in accepted(case):
             raise CheckFailed(f"'{case.title}' (cost: {COST.fixed * 1e3:.0f} ms + {COST.per_token * 1e3:.1f} ms per "
-                              f"token, tpot_slo = {case.tpot_slo * 1e3:.1f} ms, max_num_batched_tokens = "
+                              f"token, tpot_slo = {case.tpot_slo * 1e3:g} ms, max_num_batched_tokens = "
                               f"{case.max_num_batched_tokens}): expected {case.expected}, got {got}\n"
                               f"  hint: {case.mistake}\n  the rule: {RULE}")
     print(f"check_token_budget passed: {len(cases())} scheduler states, each with the budget the rule gives")

@@ -63,6 +63,13 @@ def counts_prompts_as_decodes(scheduler, cost, tpot_slo):
     return min(scheduler.max_num_batched_tokens, max(len(scheduler.running) + 1, cost.tokens_within(tpot_slo)))
 
 
+def rounded_to_nearest(scheduler, cost, tpot_slo):
+    if not decodes(scheduler):
+        return scheduler.max_num_batched_tokens
+    within = round((tpot_slo - cost.fixed) / cost.per_token)
+    return min(scheduler.max_num_batched_tokens, max(decodes(scheduler) + 1, within))
+
+
 def a_float(scheduler, cost, tpot_slo):
     if not decodes(scheduler):
         return scheduler.max_num_batched_tokens
@@ -72,12 +79,13 @@ def a_float(scheduler, cost, tpot_slo):
 
 def test_the_solution_passes_every_case(token_budget, capsys):
     checks.check_token_budget(token_budget)
-    assert "check_token_budget passed: 8" in capsys.readouterr().out
+    assert "check_token_budget passed: 9" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("wrong, words", [
     (always_capped, "no TPOT to protect"), (without_fixed_cost, "fixed part"), (starving, "wait forever"),
     (uncapped, "never more than"), (counts_prompts_as_decodes, "not a decode"), (a_float, "must return an int"),
+    (rounded_to_nearest, "expected 73, got 74(?s:.*)not to the nearest"),
 ])
 def test_each_usual_mistake_is_named(wrong, words):
     with pytest.raises(CheckFailed, match=words):
