@@ -63,6 +63,9 @@ def _bytes_mistakes(c: ModelConfig, batch: int, context: int, dtype: torch.dtype
         "you use hidden_size // num_attention_heads as the head dimension: read config.head_dim":
             decode.decode_step_bytes(dataclasses.replace(c, head_dim=c.hidden_size // c.num_attention_heads), batch,
                                      context, dtype, kv_dtype),
+        "you count two MLP matrices: Llama's MLP has three, gate_proj and up_proj (hidden_size to "
+        "intermediate_size) and down_proj (back)":
+            weights - c.num_hidden_layers * c.hidden_size * c.intermediate_size * size + tokens * kv,
         "you leave out the norms' weights (two per layer and a final one)":
             weights - c.parameter_counts()["other"] * size + tokens * kv,
     }

@@ -27,6 +27,8 @@ def _plan_mistakes(c: ModelConfig, free: int, block_size: int, dtype: torch.dtyp
         "you count the K and V of num_attention_heads heads: the cache holds num_key_value_heads":
             free // (block_size * kv_bytes_per_token(heads_as_kv, dtype, kv_dtype)),
         "you count only K (or only V) in a block": free // (block // 2),
+        "you count the K and V of one layer: every layer caches its own, so a token takes num_hidden_layers "
+        "times as much": free // (block // c.num_hidden_layers),
         "you leave out the int8 cache's scales: one float32 per token, layer, K or V, and KV head":
             free // (block_size * 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * element),
         "you size int8 blocks in the model's dtype: kv_cache_dtype='int8' stores 1 byte per element":

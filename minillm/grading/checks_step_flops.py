@@ -22,6 +22,7 @@ def _flops_mistakes(c: ModelConfig, n: int, context: int) -> dict[str, float]:
     keys = n * context + n * (n + 1) // 2
     matmul, attention = 2 * matmul_weights * n, per_key * keys
     embedding = 2 * c.vocab_size * c.hidden_size * n
+    mlp_matrix = c.hidden_size * c.intermediate_size
     return {
         "you count attention with num_key_value_heads: K and V are shared, but every query head computes its "
         "own scores and weighted sum, so attention's flops scale with num_attention_heads":
@@ -29,6 +30,10 @@ def _flops_mistakes(c: ModelConfig, n: int, context: int) -> dict[str, float]:
         "you count one flop per weight: a multiply and an add make two": matmul / 2 + attention,
         "you leave attention out: each new token also scores its query against the keys up to its own position":
             matmul,
+        "you count attention in one layer: every layer computes its own scores and weighted sums":
+            matmul + attention // c.num_hidden_layers,
+        "you count two MLP matrices: Llama's MLP has three, gate_proj and up_proj (hidden_size to "
+        "intermediate_size) and down_proj (back)": matmul - 2 * c.num_hidden_layers * mlp_matrix * n + attention,
         "you count only the scores (Q.K): summing the values (P.V) costs as much again": matmul + attention / 2,
         "you let each new token attend to every new token: attention is causal, token p sees keys 0..p only":
             matmul + per_key * (n * context + n * n),

@@ -19,12 +19,12 @@ from minillm.models.registry import model_class
 # ---- what a learner might write: right, and with one mistake each ----
 
 def make_bytes(kv_heads_from_attention=False, only_k=False, tied_twice=False, no_scales=False, bits=False,
-               untied_table=False, one_sequence=False, hidden_head_dim=False):
+               untied_table=False, one_sequence=False, hidden_head_dim=False, mlp_matrices=3):
     def fn(config, batch, context, dtype, kv_cache_dtype="auto"):
         hidden = config.hidden_size
         d = hidden // config.num_attention_heads if hidden_head_dim else config.head_dim
         q, kv = config.num_attention_heads * d, config.num_key_value_heads * d
-        per_layer = hidden * (q + 2 * kv) + q * hidden + 3 * hidden * config.intermediate_size + 2 * hidden
+        per_layer = hidden * (q + 2 * kv) + q * hidden + mlp_matrices * hidden * config.intermediate_size + 2 * hidden
         embedding = config.vocab_size * hidden
         weights = config.num_hidden_layers * per_layer + hidden + embedding
         if (tied_twice and config.tie_word_embeddings) or (untied_table and not config.tie_word_embeddings):
@@ -40,29 +40,31 @@ def make_bytes(kv_heads_from_attention=False, only_k=False, tied_twice=False, no
     return fn
 
 
-def make_flops(kv_heads=False, one_flop=False, square=False, tied_twice=False, no_attention=False):
+def make_flops(kv_heads=False, one_flop=False, square=False, tied_twice=False, no_attention=False,
+               attention_layers=None, mlp_matrices=3):
     def fn(config, num_tokens, context):
         hidden, d = config.hidden_size, config.head_dim
         q, kv = config.num_attention_heads * d, config.num_key_value_heads * d
-        per_layer = hidden * (q + 2 * kv) + q * hidden + 3 * hidden * config.intermediate_size
+        per_layer = hidden * (q + 2 * kv) + q * hidden + mlp_matrices * hidden * config.intermediate_size
         matmul = config.num_hidden_layers * per_layer + config.vocab_size * hidden
         if tied_twice and config.tie_word_embeddings:
             matmul += config.vocab_size * hidden
         n = num_tokens
         keys = n * context + (n * n if square else n * (n + 1) // 2)
         heads = config.num_key_value_heads if kv_heads else config.num_attention_heads
-        attention = 0 if no_attention else 4 * heads * d * config.num_hidden_layers * keys
+        layers = attention_layers or config.num_hidden_layers
+        attention = 0 if no_attention else 4 * heads * d * layers * keys
         return (1 if one_flop else 2) * matmul * n + attention
     return fn
 
 
 def make_plan(kv_heads_from_attention=False, only_k=False, no_scales=False, ceil=False, tokens=False, bits=False,
-              true_division=False):
+              true_division=False, one_layer=False):
     def fn(config, free_bytes, block_size, dtype, kv_cache_dtype="auto"):
         size = torch.finfo(dtype).bits if bits else dtype.itemsize
         per_head = config.head_dim + (0 if no_scales else 4) if kv_cache_dtype == "int8" else config.head_dim * size
         heads = config.num_attention_heads if kv_heads_from_attention else config.num_key_value_heads
-        per_token = (1 if only_k else 2) * config.num_hidden_layers * heads * per_head
+        per_token = (1 if only_k else 2) * (1 if one_layer else config.num_hidden_layers) * heads * per_head
         per_block = per_token if tokens else block_size * per_token
         if true_division:
             return free_bytes / per_block
@@ -137,6 +139,7 @@ def test_stubs_are_reported_as_not_implemented() -> None:
     (dict(untied_table=True), "whole untied embedding table"),
     (dict(one_sequence=True), "KV cache of one sequence"),
     (dict(hidden_head_dim=True), "hidden_size // num_attention_heads as the head dimension"),
+    (dict(mlp_matrices=2), "two MLP matrices"),
 ])
 def test_decode_step_bytes_mistakes(mistake: dict, message: str) -> None:
     with pytest.raises(CheckFailed, match=message):
@@ -149,6 +152,8 @@ def test_decode_step_bytes_mistakes(mistake: dict, message: str) -> None:
     (dict(square=True), "attention is causal"),
     (dict(tied_twice=True), "tied embedding twice"),
     (dict(no_attention=True), "leave attention out"),
+    (dict(attention_layers=1), "attention in one layer"),
+    (dict(mlp_matrices=2), "two MLP matrices"),
 ])
 def test_step_flops_mistakes(mistake: dict, message: str) -> None:
     with pytest.raises(CheckFailed, match=message):
@@ -163,6 +168,7 @@ def test_step_flops_mistakes(mistake: dict, message: str) -> None:
     (dict(tokens=True), "return tokens, not blocks"),
     (dict(bits=True), "bits, not bytes"),
     (dict(true_division=True), "return an int"),
+    (dict(one_layer=True), "K and V of one layer"),
 ])
 def test_plan_kv_blocks_mistakes(mistake: dict, message: str) -> None:
     with pytest.raises(CheckFailed, match=message):
