@@ -29,16 +29,18 @@ POLICY_RULES = ("choose among the waiting requests, never among the running ones
 def call_policy(policy: Callable, scheduler: Scheduler, batch: ScheduledBatch, budget: int,
                 case: str) -> list[tuple[str, bool]]:
     """The learner's policy, called as the scheduler calls it; case: where, for the message. Returns
-    its calls to scheduler.allocate, in order: (request id, whether it got memory)."""
+    whom it asked the KV cache for memory, in order: (request id, whether it fits). Asked at the cache,
+    so that a policy that tries scheduler.allocate and one that looks first (can_allocate) are seen alike."""
+    cache = scheduler.kv_cache_manager
     allocations: list[tuple[str, bool]] = []
 
-    def allocate(seq: Sequence) -> bool:
-        granted = Scheduler.allocate(scheduler, seq)
-        allocations.append((seq.request_id, granted))
-        return granted
+    def can_allocate(seq: Sequence) -> bool:
+        fits = type(cache).can_allocate(cache, seq)
+        allocations.append((seq.request_id, fits))
+        return fits
 
     try:
-        with mock.patch.object(scheduler, "allocate", allocate):
+        with mock.patch.object(cache, "can_allocate", can_allocate):
             call_learner(policy, POLICY, case, scheduler, batch, budget)
     except CheckFailed as e:
         if "mutated during iteration" not in str(e):
@@ -80,12 +82,13 @@ def _order_case(policy: Callable, title: str, lengths: list[int], waited: list[i
 
 def _check_step(scheduler: Scheduler, batch: ScheduledBatch, before: tuple[list, list, int],
                 allocations: list[tuple[str, bool]], where: str) -> None:
-    """The rules one admission step keeps, whichever requests it chose (allocations: its calls to
-    scheduler.allocate, in order)."""
+    """The rules one admission step keeps, whichever requests it chose (allocations: whom it asked the
+    KV cache for memory, in order, and whether they fit)."""
     running, waiting, in_batch = before
     joined = scheduler.running[len(running):]
-    refused = next((i for i, (_, granted) in enumerate(allocations) if not granted), None)
-    passed = [] if refused is None else [r for r, granted in allocations[refused:] if granted]
+    refused = next((i for i, (_, fits) in enumerate(allocations) if not fits), None)
+    admitted = {s.request_id for s in joined}
+    passed = [] if refused is None else [r for r, fits in allocations[refused:] if fits and r in admitted]
     problem = None
     if scheduler.running[:len(running)] != running:
         problem = ("scheduler.running changed order or lost a sequence: a policy chooses among the *waiting* "
@@ -109,8 +112,8 @@ def _check_step(scheduler: Scheduler, batch: ScheduledBatch, before: tuple[list,
     elif batch.preempted and joined:
         problem = "requests were admitted in a step that preempted a sequence: memory is short, admit none"
     elif passed:
-        problem = (f"scheduler.allocate refused {allocations[refused][0]} (no KV memory for it), and then {passed} "
-                   "got memory and were admitted: when the request you chose gets no memory, stop. Smaller ones "
+        problem = (f"the KV cache had no memory for {allocations[refused][0]}, and then {passed} got memory and "
+                   "were admitted: when the request you chose gets no memory, stop. Smaller ones "
                    "taking the memory it waits for could keep it waiting forever, however much it has aged")
     if problem:
         raise CheckFailed(f"{POLICY}, {where}: {problem}\n  the rules: {POLICY_RULES}")

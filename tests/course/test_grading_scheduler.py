@@ -137,6 +137,19 @@ def mutates_the_queue_while_iterating(scheduler, batch, budget):
         budget -= batch.add(seq, scheduler.num_new_tokens(seq, budget))
 
 
+def skips_what_does_not_fit(scheduler, batch, budget):
+    """Shortest first among the requests the cache has room for, asked before allocating."""
+    fitting = [s for s in scheduler.waiting if scheduler.kv_cache_manager.can_allocate(s)]
+    for seq in sorted(fitting, key=lambda s: s.num_tokens - 8 * scheduler.steps_waited(s)):
+        if budget <= 0 or batch.preempted or len(scheduler.running) >= scheduler.max_num_seqs:
+            break
+        if not scheduler.allocate(seq):
+            break
+        scheduler.waiting.remove(seq)
+        scheduler.running.append(seq)
+        budget -= batch.add(seq, scheduler.num_new_tokens(seq, budget))
+
+
 def test_policy_check_passes_the_solution_and_the_rules_restated(policy, capsys):
     check_policy(policy)
     check_policy(policy_with())
@@ -152,10 +165,11 @@ def test_policy_check_passes_the_solution_and_the_rules_restated(policy, capsys)
     (policy_with(spend=False), "more than max_num_batched_tokens"),
     (policy_with(after_preemption=True), "admitted in a step that preempted"),
     (policy_with(limit_slots=False), "more than max_num_seqs"),
-    (policy_with(pass_the_refused=True), r"allocate refused r\d+ (?s:.*)when the request you chose gets no memory"),
+    (policy_with(pass_the_refused=True), r"no memory for r\d+, (?s:.*)when the request you chose gets no memory"),
+    (skips_what_does_not_fit, r"no memory for r\d+, (?s:.*)when the request you chose gets no memory"),
 ], ids=["reversed-order", "first-come-first-served", "starves-long-prompts", "reorders-running",
         "mutates-the-queue-while-iterating", "beyond-the-budget", "admits-after-preemption",
-        "no-slot-limit", "passes-the-request-refused-memory"])
+        "no-slot-limit", "passes-the-request-refused-memory", "skips-what-does-not-fit"])
 def test_policy_check_names_the_mistake(wrong, message):
     with pytest.raises(CheckFailed, match=message):
         check_policy(wrong)
