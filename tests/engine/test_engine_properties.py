@@ -1,0 +1,117 @@
+"""Any mix of the engine's features on any small workload: hypothesis draws the engine (block size,
+pool size, sequences and tokens a step, prefix caching, speculation by n-gram or draft model, async
+scheduling, the CUDA graphs' padded path run eagerly) and the workload (prompts sharing a beginning,
+arrivals over the first steps, stop tokens, aborts). Each request that is not aborted must get, in
+fp32, the greedy tokens it gets alone, with the same finish reason, and the pool must be whole
+afterwards. The other engine tests take the features one or two at a time, on workloads chosen by
+hand; this one looks for what their combinations break."""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from minillm import LLM, SamplingParams
+
+MAX_MODEL_LEN = 64
+VOCAB = 1000  # ids under tiny's vocabulary, from which the prompts are drawn
+
+
+@functools.cache
+def alone_llm() -> LLM:
+    return LLM("tiny", skip_tokenizer_init=True, dtype="float32", max_model_len=MAX_MODEL_LEN, max_num_seqs=1,
+               enable_prefix_caching=False)
+
+
+@functools.cache
+def alone(prompt: tuple[int, ...], max_tokens: int) -> list[int]:
+    """The greedy tokens of a prompt served alone, to max_tokens."""
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+    return alone_llm().generate({"prompt_token_ids": list(prompt)}, params, use_tqdm=False)[0].outputs[0].token_ids
+
+
+@st.composite
+def engines(draw) -> dict:
+    block_size = draw(st.sampled_from([4, 8, 16]))
+    k = draw(st.integers(1, 4))
+    speculative = draw(st.sampled_from([None, "ngram", "draft"]))
+    max_num_seqs = draw(st.integers(1, 4))
+    args = dict(skip_tokenizer_init=True, dtype="float32", max_model_len=MAX_MODEL_LEN, block_size=block_size,
+                # From one request at full length (what the engine guarantees) to room for several.
+                num_kv_blocks=math.ceil(MAX_MODEL_LEN / block_size) + draw(st.integers(0, 12)),
+                max_num_seqs=max_num_seqs,
+                # A verification of every sequence must fit one step: (k + 1) tokens each.
+                max_num_batched_tokens=max_num_seqs * (k + 1) + draw(st.sampled_from([0, 7, 32])),
+                enable_prefix_caching=draw(st.booleans()), async_scheduling=draw(st.booleans()))
+    if speculative == "ngram":
+        args["speculative_config"] = {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 3}
+    elif speculative == "draft":
+        args["speculative_config"] = {"model": "tiny-draft", "num_speculative_tokens": k}
+    return {"args": args, "padded": draw(st.booleans())}
+
+
+@st.composite
+def workloads(draw) -> list[dict]:
+    # Repetitive beginnings, so that prompt lookup finds matches and prompts share cached blocks.
+    prefix = draw(st.lists(st.integers(0, 9), min_size=0, max_size=24))
+    requests = []
+    for _ in range(draw(st.integers(1, 6))):
+        shared = draw(st.integers(0, len(prefix)))
+        own = draw(st.lists(st.integers(0, VOCAB - 1), min_size=0 if shared else 1, max_size=20))
+        requests.append({
+            "prompt": tuple(prefix[:shared] + own),
+            "max_tokens": draw(st.integers(1, 14)),
+            "arrival": draw(st.integers(0, 3)),  # the step before which it is added
+            # Stop on the token that its run alone makes at this index (None: run to max_tokens).
+            "stop_index": draw(st.none() | st.integers(0, 13)),
+            "abort_step": draw(st.none() | st.none() | st.integers(0, 8)),
+        })
+    return requests
+
+
+def expected(request: dict) -> tuple[list[int], str]:
+    tokens = alone(request["prompt"], request["max_tokens"])
+    stop = request["stop_index"]
+    if stop is not None and stop < len(tokens):
+        return tokens[:tokens.index(tokens[stop]) + 1], "stop"
+    return tokens, "length"
+
+
+@pytest.mark.slow
+@settings(max_examples=50, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(engine=engines(), workload=workloads())
+def test_any_mix_of_features_gives_each_request_its_tokens_alone_and_frees_every_block(engine, workload):
+    llm = LLM("tiny", **engine["args"])
+    if engine["padded"]:
+        llm.llm_engine.model_runner.capture_cuda_graphs(capture=False)
+    core = llm.llm_engine
+    finished, aborted = {}, set()
+    for step in range(10_000):
+        for i, request in enumerate(workload):
+            if request["arrival"] == step:
+                stop = request["stop_index"]
+                stop_ids = [] if stop is None or stop >= request["max_tokens"] else [expected(request)[0][-1]]
+                core.add_request(str(i), {"prompt_token_ids": list(request["prompt"])},
+                                 SamplingParams(temperature=0, max_tokens=request["max_tokens"], ignore_eos=True,
+                                                stop_token_ids=stop_ids))
+            if request["abort_step"] == step and str(i) not in finished and core.scheduler.find(str(i)):
+                core.abort_request(str(i))
+                aborted.add(str(i))
+        if step > max(r["arrival"] for r in workload) and not core.has_unfinished_requests():
+            break
+        for out in core.step():
+            if out.finished:
+                assert out.request_id not in finished, f"request {out.request_id} finished twice"
+                finished[out.request_id] = (out.outputs[0].token_ids, out.outputs[0].finish_reason)
+    else:
+        raise AssertionError("not done after 10,000 steps")
+    for i, request in enumerate(workload):
+        if str(i) not in aborted:
+            assert finished[str(i)] == expected(request), f"request {i}: {request}"
+    assert not aborted & finished.keys()
+    blocks = core.block_manager
+    assert blocks.num_free_blocks == blocks.num_blocks, "KV blocks leaked"
