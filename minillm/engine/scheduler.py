@@ -133,8 +133,11 @@ class Scheduler:
 
     def num_lookahead_tokens(self, seq: Sequence, num_new_tokens: int, budget: int) -> int:
         """Draft tokens a decode may verify this step: k, fewer near max_tokens (a step emits at most
-        one token more than it verifies) or when the budget runs short; none for a prompt."""
-        decoding = num_new_tokens == 1 and seq.num_computed_tokens + 1 == seq.num_tokens
+        one token more than it verifies) or when the budget runs short; none for a prompt, even a
+        last chunk of one token: a seeded request's first token is then drawn the same way (without
+        drafts) however its prompt was chunked, as it is in plain decoding."""
+        decoding = (num_new_tokens == 1 and seq.num_computed_tokens + 1 == seq.num_tokens
+                    and seq.num_output_tokens > 0)
         if not self.config.num_lookahead_slots or not decoding:
             return 0
         return max(0, min(self.config.num_lookahead_slots, seq.max_len - seq.num_tokens - 1, budget - 1))

@@ -84,7 +84,9 @@ class RejectionSampler:
     def __init__(self, generator: torch.Generator, num_speculative_tokens: int) -> None:
         self.generator = generator  # for requests without a seed of their own
         # Every sequence's tensors are padded to k, whatever the batch: a seeded request then draws
-        # the same random numbers, and so the same tokens, alone and in any batch.
+        # the same random numbers, and so the same tokens, alone and in any batch. Not across a
+        # preemption: its recompute, like a prompt, verifies no drafts (as in vLLM), so the token it
+        # samples is drawn as plain decoding draws it, where the decode step it replaces verified some.
         self.k = num_speculative_tokens
 
     def __call__(self, logits: torch.Tensor, seqs: list[Sequence],
