@@ -52,6 +52,8 @@ class SamplingParams:
     # alternatives (vLLM's; RequestOutput.prompt_logprobs).
     prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
+    # Keep what stopped the request at the end of its text: the stop string, or the stop token's (EOS or
+    # one of stop_token_ids) own text, which is otherwise left out, as vLLM does.
     include_stop_str_in_output: bool = False
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
