@@ -8,6 +8,7 @@ hand; this one looks for what their combinations break."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 
@@ -28,11 +29,16 @@ def alone_llm() -> LLM:
                enable_prefix_caching=False)
 
 
-@functools.cache
-def alone(prompt: tuple[int, ...], max_tokens: int) -> list[int]:
-    """The greedy tokens of a prompt served alone, to max_tokens."""
-    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
-    return alone_llm().generate({"prompt_token_ids": list(prompt)}, params, use_tqdm=False)[0].outputs[0].token_ids
+_ALONE: dict[tuple[tuple[int, ...], str], tuple[list[int], str]] = {}
+
+
+def alone(prompt: tuple[int, ...], params: SamplingParams) -> tuple[list[int], str]:
+    """The tokens and finish reason of a prompt served alone (kept: a workload asks again and again)."""
+    key = (prompt, repr(params))
+    if key not in _ALONE:
+        out = alone_llm().generate({"prompt_token_ids": list(prompt)}, params, use_tqdm=False)[0].outputs[0]
+        _ALONE[key] = out.token_ids, out.finish_reason
+    return _ALONE[key]
 
 
 @st.composite
@@ -69,8 +75,13 @@ def workloads(draw) -> list[dict]:
             "own": draw(st.lists(st.integers(0, VOCAB - 1), min_size=0 if shared else 1, max_size=20)),
             "max_tokens": draw(st.integers(1, 14)),
             "arrival": draw(st.integers(0, 12)),  # the step before which it is added
-            # Stop on the token that its run alone makes at this index (None: run to max_tokens).
+            # Stop on the token that its run alone makes at this index (None: run to max_tokens), not
+            # before min_tokens tokens.
             "stop_index": draw(st.none() | st.integers(0, 13)),
+            "min_tokens": draw(st.sampled_from([0, 0, 2])),
+            # Penalties change greedy choices with what the sequence holds, drafts verified included.
+            "presence_penalty": draw(st.sampled_from([0.0, 0.0, 1.0])),
+            "repetition_penalty": draw(st.sampled_from([1.0, 1.0, 1.5])),
             "abort_step": draw(st.none() | st.none() | st.integers(0, 8)),
         })
     return requests
@@ -85,13 +96,22 @@ def prompt(workload: list[dict], i: int) -> tuple[int, ...]:
     return turn[:MAX_MODEL_LEN - 14]  # room for the longest answer
 
 
-def expected(workload: list[dict], i: int) -> tuple[list[int], str]:
+def params_of(workload: list[dict], i: int) -> SamplingParams:
+    """Request i's greedy parameters; its stop token is the one its run without it makes at stop_index."""
     request = workload[i]
-    tokens = alone(prompt(workload, i), request["max_tokens"])
+    params = SamplingParams(temperature=0, max_tokens=request["max_tokens"], ignore_eos=True,
+                            min_tokens=min(request["min_tokens"], request["max_tokens"]),
+                            presence_penalty=request["presence_penalty"],
+                            repetition_penalty=request["repetition_penalty"])
+    free = alone(prompt(workload, i), params)[0]
     stop = request["stop_index"]
-    if stop is not None and stop < len(tokens):
-        return tokens[:tokens.index(tokens[stop]) + 1], "stop"
-    return tokens, "length"
+    if stop is not None and stop < len(free):
+        params = dataclasses.replace(params, stop_token_ids=[free[stop]])
+    return params
+
+
+def expected(workload: list[dict], i: int) -> tuple[list[int], str]:
+    return alone(prompt(workload, i), params_of(workload, i))
 
 
 @pytest.mark.slow
@@ -103,9 +123,10 @@ def expected(workload: list[dict], i: int) -> tuple[list[int], str]:
                               num_kv_blocks=16, max_num_seqs=1, max_num_batched_tokens=32, enable_prefix_caching=True,
                               async_scheduling=False), "padded": False},
          workload=[{"beginning": [], "follows": None, "own": [0, 0, 0], "max_tokens": 1, "arrival": 0,
-                    "stop_index": None, "abort_step": None},
+                    "stop_index": None, "min_tokens": 0, "presence_penalty": 0.0, "repetition_penalty": 1.0,
+                    "abort_step": None},
                    {"beginning": [], "follows": 0, "own": [0], "max_tokens": 1, "arrival": 0, "stop_index": None,
-                    "abort_step": None}])
+                    "min_tokens": 0, "presence_penalty": 0.0, "repetition_penalty": 1.0, "abort_step": None}])
 @given(engine=engines(), workload=workloads())
 def test_any_mix_of_features_gives_each_request_its_tokens_alone_and_frees_every_block(engine, workload):
     llm = LLM("tiny", **engine["args"])
@@ -116,11 +137,7 @@ def test_any_mix_of_features_gives_each_request_its_tokens_alone_and_frees_every
     for step in range(10_000):
         for i, request in enumerate(workload):
             if request["arrival"] == step:
-                stop = request["stop_index"]
-                stop_ids = [] if stop is None or stop >= request["max_tokens"] else [expected(workload, i)[0][-1]]
-                core.add_request(str(i), {"prompt_token_ids": list(prompt(workload, i))},
-                                 SamplingParams(temperature=0, max_tokens=request["max_tokens"], ignore_eos=True,
-                                                stop_token_ids=stop_ids))
+                core.add_request(str(i), {"prompt_token_ids": list(prompt(workload, i))}, params_of(workload, i))
             if request["abort_step"] == step and str(i) not in finished and core.scheduler.find(str(i)):
                 core.abort_request(str(i))
                 aborted.add(str(i))
