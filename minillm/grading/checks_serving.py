@@ -46,6 +46,7 @@ class Case:
     tpot_slo: float
     expected: int
     mistake: str  # what a wrong answer here usually means
+    recomputing: int = 0  # running sequences preempted before, computing their prompt and output again
 
 
 def cases() -> list[Case]:
@@ -60,6 +61,9 @@ def cases() -> list[Case]:
              "n = (tpot_slo - fixed) / per_token, rounded down; did you leave out the fixed part, or round up?"),
         Case("four decodes and a long prompt half prefilled", 4, 1, 0, 512, TPOT_SLO, fit,
              "count only the decodes: the prompt being prefilled is what the budget holds back"),
+        Case("a preempted sequence computing its prompt and output again, alone", 0, 0, 1, 512, TPOT_SLO, 512,
+             "a sequence recomputed after preemption has generated tokens but computes many at once: it is not "
+             "a decode; count the running sequences with exactly one token left to compute", recomputing=1),
         Case("a target looser than the step limit", 4, 0, 2, 128, TPOT_SLO, 128,
              "never more than scheduler.max_num_batched_tokens"),
         Case("a target so tight that no prompt token fits", 8, 0, 3, 512, 0.0054, 9,
@@ -96,6 +100,10 @@ def _scheduler(case: Case) -> Scheduler:
         elif i < case.decodes + case.prefilling:
             seq.num_computed_tokens = 16  # one chunk of 16 of its 40 prompt tokens
         (scheduler.running if i < case.decodes + case.prefilling else scheduler.waiting).append(seq)
+    for i in range(case.recomputing):  # 5 tokens generated, then preempted: nothing of it is computed
+        seq = Sequence(f"p{i}", prompt_token_ids=range(1, 41), params=params)
+        seq.token_ids += [7, 8, 9, 10, 11]
+        scheduler.running.append(seq)
     return scheduler
 
 

@@ -63,6 +63,13 @@ def counts_prompts_as_decodes(scheduler, cost, tpot_slo):
     return min(scheduler.max_num_batched_tokens, max(len(scheduler.running) + 1, cost.tokens_within(tpot_slo)))
 
 
+def counts_generated_tokens_as_decoding(scheduler, cost, tpot_slo):
+    generating = sum(seq.num_output_tokens > 0 for seq in scheduler.running)
+    if not generating:
+        return scheduler.max_num_batched_tokens
+    return min(scheduler.max_num_batched_tokens, max(generating + 1, cost.tokens_within(tpot_slo)))
+
+
 def rounded_to_nearest(scheduler, cost, tpot_slo):
     if not decodes(scheduler):
         return scheduler.max_num_batched_tokens
@@ -79,13 +86,14 @@ def a_float(scheduler, cost, tpot_slo):
 
 def test_the_solution_passes_every_case(token_budget, capsys):
     checks.check_token_budget(token_budget)
-    assert "check_token_budget passed: 9" in capsys.readouterr().out
+    assert "check_token_budget passed: 10" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("wrong, words", [
     (always_capped, "no TPOT to protect"), (without_fixed_cost, "fixed part"), (starving, "wait forever"),
     (uncapped, "never more than"), (counts_prompts_as_decodes, "not a decode"), (a_float, "must return an int"),
     (rounded_to_nearest, "expected 73, got 74(?s:.*)not to the nearest"),
+    (counts_generated_tokens_as_decoding, "recomputed after preemption"),
 ])
 def test_each_usual_mistake_is_named(wrong, words):
     with pytest.raises(CheckFailed, match=words):
