@@ -1,10 +1,11 @@
 """Any mix of the engine's features on any small workload: hypothesis draws the engine (block size,
 pool size, sequences and tokens a step, prefix caching, speculation by n-gram or draft model, async
 scheduling, the CUDA graphs' padded path run eagerly) and the workload (prompts sharing a beginning,
-arrivals over the first steps, stop tokens, aborts). Each request that is not aborted must get, in
-fp32, the greedy tokens it gets alone, with the same finish reason, and the pool must be whole
-afterwards. The other engine tests take the features one or two at a time, on workloads chosen by
-hand; this one looks for what their combinations break."""
+arrivals over the first steps, stop tokens, penalties, aborts). Each request that is not aborted
+must get, in fp32, the greedy tokens it gets alone, with the same finish reason and log-probabilities
+(its prompt's scores too), and the pool must be whole afterwards. The other engine tests take the
+features one or two at a time, on workloads chosen by hand; this one looks for what their
+combinations break."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from minillm import LLM, SamplingParams
+from minillm import LLM, RequestOutput, SamplingParams
 from minillm.engine.trace import record
 
 MAX_MODEL_LEN = 64
@@ -29,16 +30,33 @@ def alone_llm() -> LLM:
                enable_prefix_caching=False)
 
 
-_ALONE: dict[tuple[tuple[int, ...], str], tuple[list[int], str]] = {}
+def summary(out: RequestOutput) -> tuple:
+    """(tokens, finish reason, the tokens' logprobs, the prompt's scores: each position's (token, logprob)
+    pairs, the first position unscored)."""
+    completion = out.outputs[0]
+    logprobs = [entry[token].logprob for entry, token in zip(completion.logprobs or [], completion.token_ids)]
+    scored = [sorted((token, lp.logprob) for token, lp in entry.items()) for entry in (out.prompt_logprobs or [])[1:]]
+    return completion.token_ids, completion.finish_reason, logprobs, scored
 
 
-def alone(prompt: tuple[int, ...], params: SamplingParams) -> tuple[list[int], str]:
-    """The tokens and finish reason of a prompt served alone (kept: a workload asks again and again)."""
+_ALONE: dict[tuple[tuple[int, ...], str], tuple] = {}
+
+
+def alone(prompt: tuple[int, ...], params: SamplingParams) -> tuple:
+    """The summary of a prompt served alone (kept: a workload asks again and again)."""
     key = (prompt, repr(params))
     if key not in _ALONE:
-        out = alone_llm().generate({"prompt_token_ids": list(prompt)}, params, use_tqdm=False)[0].outputs[0]
-        _ALONE[key] = out.token_ids, out.finish_reason
+        _ALONE[key] = summary(alone_llm().generate({"prompt_token_ids": list(prompt)}, params, use_tqdm=False)[0])
     return _ALONE[key]
+
+
+def assert_same(got: tuple, want: tuple, what: str) -> None:
+    """Tokens and finish reasons equal, log-probabilities within fp32 rounding of another batch."""
+    assert got[:2] == want[:2], what
+    assert got[2] == pytest.approx(want[2], abs=1e-4), what
+    assert [[t for t, _ in pos] for pos in got[3]] == [[t for t, _ in pos] for pos in want[3]], what
+    assert [lp for pos in got[3] for _, lp in pos] == pytest.approx([lp for pos in want[3] for _, lp in pos],
+                                                                    abs=1e-4), what
 
 
 @st.composite
@@ -82,6 +100,8 @@ def workloads(draw) -> list[dict]:
             # Penalties change greedy choices with what the sequence holds, drafts verified included.
             "presence_penalty": draw(st.sampled_from([0.0, 0.0, 1.0])),
             "repetition_penalty": draw(st.sampled_from([1.0, 1.0, 1.5])),
+            "logprobs": draw(st.sampled_from([None, 1])),
+            "prompt_logprobs": draw(st.sampled_from([None, None, 2])),  # not with speculation
             "abort_step": draw(st.none() | st.none() | st.integers(0, 8)),
         })
     return requests
@@ -92,17 +112,19 @@ def prompt(workload: list[dict], i: int) -> tuple[int, ...]:
     if request["follows"] is None:
         return tuple(request["beginning"] + request["own"])
     before = prompt(workload, request["follows"])
-    turn = before + tuple(expected(workload, request["follows"])[0]) + tuple(request["own"])
+    turn = before + tuple(expected(workload, request["follows"], False)[0]) + tuple(request["own"])
     return turn[:MAX_MODEL_LEN - 14]  # room for the longest answer
 
 
-def params_of(workload: list[dict], i: int) -> SamplingParams:
-    """Request i's greedy parameters; its stop token is the one its run without it makes at stop_index."""
+def params_of(workload: list[dict], i: int, prompt_scores: bool) -> SamplingParams:
+    """Request i's greedy parameters (its prompt scored where prompt_scores allows); its stop token is
+    the one its run without it makes at stop_index."""
     request = workload[i]
     params = SamplingParams(temperature=0, max_tokens=request["max_tokens"], ignore_eos=True,
                             min_tokens=min(request["min_tokens"], request["max_tokens"]),
                             presence_penalty=request["presence_penalty"],
-                            repetition_penalty=request["repetition_penalty"])
+                            repetition_penalty=request["repetition_penalty"], logprobs=request["logprobs"],
+                            prompt_logprobs=request["prompt_logprobs"] if prompt_scores else None)
     free = alone(prompt(workload, i), params)[0]
     stop = request["stop_index"]
     if stop is not None and stop < len(free):
@@ -110,8 +132,8 @@ def params_of(workload: list[dict], i: int) -> SamplingParams:
     return params
 
 
-def expected(workload: list[dict], i: int) -> tuple[list[int], str]:
-    return alone(prompt(workload, i), params_of(workload, i))
+def expected(workload: list[dict], i: int, prompt_scores: bool) -> tuple:
+    return alone(prompt(workload, i), params_of(workload, i, prompt_scores))
 
 
 @pytest.mark.slow
@@ -124,20 +146,23 @@ def expected(workload: list[dict], i: int) -> tuple[list[int], str]:
                               async_scheduling=False), "padded": False},
          workload=[{"beginning": [], "follows": None, "own": [0, 0, 0], "max_tokens": 1, "arrival": 0,
                     "stop_index": None, "min_tokens": 0, "presence_penalty": 0.0, "repetition_penalty": 1.0,
-                    "abort_step": None},
+                    "logprobs": None, "prompt_logprobs": None, "abort_step": None},
                    {"beginning": [], "follows": 0, "own": [0], "max_tokens": 1, "arrival": 0, "stop_index": None,
-                    "min_tokens": 0, "presence_penalty": 0.0, "repetition_penalty": 1.0, "abort_step": None}])
+                    "min_tokens": 0, "presence_penalty": 0.0, "repetition_penalty": 1.0, "logprobs": None,
+                    "prompt_logprobs": None, "abort_step": None}])
 @given(engine=engines(), workload=workloads())
 def test_any_mix_of_features_gives_each_request_its_tokens_alone_and_frees_every_block(engine, workload):
     llm = LLM("tiny", **engine["args"])
     if engine["padded"]:
         llm.llm_engine.model_runner.capture_cuda_graphs(capture=False)
     core = llm.llm_engine
+    prompt_scores = "speculative_config" not in engine["args"]  # which refuses prompt_logprobs
     finished, aborted = {}, set()
     for step in range(10_000):
         for i, request in enumerate(workload):
             if request["arrival"] == step:
-                core.add_request(str(i), {"prompt_token_ids": list(prompt(workload, i))}, params_of(workload, i))
+                core.add_request(str(i), {"prompt_token_ids": list(prompt(workload, i))},
+                                 params_of(workload, i, prompt_scores))
             if request["abort_step"] == step and str(i) not in finished and core.scheduler.find(str(i)):
                 core.abort_request(str(i))
                 aborted.add(str(i))
@@ -146,12 +171,12 @@ def test_any_mix_of_features_gives_each_request_its_tokens_alone_and_frees_every
         for out in core.step():
             if out.finished:
                 assert out.request_id not in finished, f"request {out.request_id} finished twice"
-                finished[out.request_id] = (out.outputs[0].token_ids, out.outputs[0].finish_reason)
+                finished[out.request_id] = summary(out)
     else:
         raise AssertionError("not done after 10,000 steps")
     for i, request in enumerate(workload):
         if str(i) not in aborted:
-            assert finished[str(i)] == expected(workload, i), f"request {i}: {request}"
+            assert_same(finished[str(i)], expected(workload, i, prompt_scores), f"request {i}: {request}")
     assert not aborted & finished.keys()
     blocks = core.block_manager
     assert blocks.num_free_blocks == blocks.num_blocks, "KV blocks leaked"
