@@ -136,6 +136,27 @@ def expected(workload: list[dict], i: int, prompt_scores: bool) -> tuple:
     return alone(prompt(workload, i), params_of(workload, i, prompt_scores))
 
 
+def serve(llm: LLM, requests: list[tuple[tuple[int, ...], SamplingParams, int, int | None]]) -> tuple[dict, set]:
+    """Requests (prompt, parameters, arrival step, abort step or None) stepped through llm's engine as
+    generate steps it, each added before its arrival step and aborted before its abort step if still
+    there: the summaries of those that finished, and the ones aborted, by index."""
+    core, finished, aborted = llm.llm_engine, {}, set()
+    for step in range(10_000):
+        for i, (prompt_ids, params, arrival, abort_step) in enumerate(requests):
+            if arrival == step:
+                core.add_request(str(i), {"prompt_token_ids": list(prompt_ids)}, params)
+            if abort_step == step and i not in finished and core.scheduler.find(str(i)):
+                core.abort_request(str(i))
+                aborted.add(i)
+        if step > max(arrival for _, _, arrival, _ in requests) and not core.has_unfinished_requests():
+            return finished, aborted
+        for out in core.step():
+            if out.finished:
+                assert int(out.request_id) not in finished, f"request {out.request_id} finished twice"
+                finished[int(out.request_id)] = summary(out)
+    raise AssertionError("not done after 10,000 steps")
+
+
 @pytest.mark.slow
 @settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 # A follow-up turn whose prompt fills a block with the token that ended the turn before: that token was
@@ -155,30 +176,14 @@ def test_any_mix_of_features_gives_each_request_its_tokens_alone_and_frees_every
     llm = LLM("tiny", **engine["args"])
     if engine["padded"]:
         llm.llm_engine.model_runner.capture_cuda_graphs(capture=False)
-    core = llm.llm_engine
     prompt_scores = "speculative_config" not in engine["args"]  # which refuses prompt_logprobs
-    finished, aborted = {}, set()
-    for step in range(10_000):
-        for i, request in enumerate(workload):
-            if request["arrival"] == step:
-                core.add_request(str(i), {"prompt_token_ids": list(prompt(workload, i))},
-                                 params_of(workload, i, prompt_scores))
-            if request["abort_step"] == step and str(i) not in finished and core.scheduler.find(str(i)):
-                core.abort_request(str(i))
-                aborted.add(str(i))
-        if step > max(r["arrival"] for r in workload) and not core.has_unfinished_requests():
-            break
-        for out in core.step():
-            if out.finished:
-                assert out.request_id not in finished, f"request {out.request_id} finished twice"
-                finished[out.request_id] = summary(out)
-    else:
-        raise AssertionError("not done after 10,000 steps")
+    finished, aborted = serve(llm, [(prompt(workload, i), params_of(workload, i, prompt_scores), request["arrival"],
+                                     request["abort_step"]) for i, request in enumerate(workload)])
     for i, request in enumerate(workload):
-        if str(i) not in aborted:
-            assert_same(finished[str(i)], expected(workload, i, prompt_scores), f"request {i}: {request}")
+        if i not in aborted:
+            assert_same(finished[i], expected(workload, i, prompt_scores), f"request {i}: {request}")
     assert not aborted & finished.keys()
-    blocks = core.block_manager
+    blocks = llm.llm_engine.block_manager
     assert blocks.num_free_blocks == blocks.num_blocks, "KV blocks leaked"
 
 
@@ -198,23 +203,6 @@ def seeded_requests(draw) -> list[tuple[tuple[int, ...], SamplingParams, int]]:
         requests.append((tuple(prefix[:draw(st.integers(0, len(prefix)))]) + tuple(own), params,
                          draw(st.integers(0, 6))))
     return requests
-
-
-def outputs_of(llm: LLM, requests: list[tuple[tuple[int, ...], SamplingParams, int]]) -> dict:
-    """Each request's tokens and logprobs, the requests added at their arrival steps."""
-    core, done = llm.llm_engine, {}
-    for step in range(10_000):
-        for i, (prompt_ids, params, arrival) in enumerate(requests):
-            if arrival == step:
-                core.add_request(str(i), {"prompt_token_ids": list(prompt_ids)}, params)
-        if step > max(arrival for *_, arrival in requests) and not core.has_unfinished_requests():
-            return done
-        for out in core.step():
-            if out.finished:
-                completion = out.outputs[0]
-                done[int(out.request_id)] = (completion.token_ids, [
-                    entry[token].logprob for entry, token in zip(completion.logprobs or [], completion.token_ids)])
-    raise AssertionError("not done after 10,000 steps")
 
 
 @pytest.mark.slow
@@ -239,13 +227,10 @@ def test_a_seeded_request_draws_the_same_tokens_whatever_runs_beside_it(engine, 
     if engine["padded"]:
         llm.llm_engine.model_runner.capture_cuda_graphs(capture=False)
     with record(llm) as trace:
-        together = outputs_of(llm, requests)
+        together, _ = serve(llm, [(prompt_ids, params, arrival, None) for prompt_ids, params, arrival in requests])
     preempted = {int(r) for e in trace.events for r in e.preempted} if "speculative_config" in engine["args"] else ()
     for i, (prompt_ids, params, _) in enumerate(requests):
-        if i in preempted and not params.greedy:
-            continue
-        tokens, logprobs = outputs_of(llm, [(prompt_ids, params, 0)])[0]
-        assert together[i][0] == tokens, f"request {i}: {params}"
-        assert together[i][1] == pytest.approx(logprobs, abs=1e-4)
+        if i not in preempted or params.greedy:
+            assert_same(together[i], serve(llm, [(prompt_ids, params, 0, None)])[0][0], f"request {i}: {params}")
     blocks = llm.llm_engine.block_manager
     assert blocks.num_free_blocks == blocks.num_blocks, "KV blocks leaked"
