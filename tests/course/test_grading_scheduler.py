@@ -150,10 +150,25 @@ def skips_what_does_not_fit(scheduler, batch, budget):
         budget -= batch.add(seq, scheduler.num_new_tokens(seq, budget))
 
 
+def asks_about_every_request_first(scheduler, batch, budget):
+    """Right, though it asks the cache about every waiting request before it admits any: in rank order
+    it stops at the first that has no memory, whatever the ones ranked after it were told."""
+    fits = {s.request_id: scheduler.kv_cache_manager.can_allocate(s) for s in scheduler.waiting}
+    for seq in sorted(scheduler.waiting, key=lambda s: s.num_tokens - 8 * scheduler.steps_waited(s)):
+        if budget <= 0 or batch.preempted or len(scheduler.running) >= scheduler.max_num_seqs:
+            break
+        if not fits[seq.request_id] or not scheduler.allocate(seq):
+            break
+        scheduler.waiting.remove(seq)
+        scheduler.running.append(seq)
+        budget -= batch.add(seq, scheduler.num_new_tokens(seq, budget))
+
+
 def test_policy_check_passes_the_solution_and_the_rules_restated(policy, capsys):
     check_policy(policy)
     check_policy(policy_with())
-    assert capsys.readouterr().out.count("check_policy passed") == 2
+    check_policy(asks_about_every_request_first)
+    assert capsys.readouterr().out.count("check_policy passed") == 3
 
 
 @pytest.mark.parametrize("wrong, message", [
