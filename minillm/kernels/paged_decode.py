@@ -159,8 +159,9 @@ def paged_decode_partitions(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     (-inf where it holds none). `merge_partitions` turns them into the attention output."""
     num_seqs, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
-    if partition_size % block_size:
-        raise ValueError(f"partition_size must be a multiple of block_size={block_size}, got {partition_size}")
+    if partition_size % block_size or partition_size % 16:
+        raise ValueError(f"partition_size must be a multiple of block_size={block_size} and of 16 (the smallest "
+                         f"tile of keys tl.dot takes), got {partition_size}")
     if max_seq_len is None:
         max_seq_len = int(seq_lens.max())
     launch = decode_launch(num_seqs, num_heads, num_kv_heads, head_dim, max_seq_len, partition_size,
@@ -200,7 +201,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            k_scales: torch.Tensor | None = None, v_scales: torch.Tensor | None = None) -> torch.Tensor:
     """q: [num_seqs, heads, head_dim]; caches: [num_blocks, block_size, kv_heads, head_dim].
     max_seq_len, if the caller knows it, saves reading seq_lens back from the device;
-    partition_size: context tokens per split (a multiple of the block size);
+    partition_size: context tokens per split (a multiple of the block size and of 16);
     k_scales, v_scales: an int8 cache's scales, [num_blocks, block_size, kv_heads]."""
     part_out, lse = paged_decode_partitions(q, k_cache, v_cache, block_tables, seq_lens, scale, max_seq_len,
                                             partition_size, k_scales=k_scales, v_scales=v_scales)

@@ -166,11 +166,14 @@ def test_store_kvcache_matches_reference(dtype, num_kv_heads, head_dim):
     assert torch.equal(flat[untouched], before.view(-1, num_kv_heads, head_dim)[untouched])
 
 
-def test_decode_rejects_partition_not_multiple_of_block():
-    k_cache, v_cache, tables, lens = paged_batch([20], 1, 64, 16, torch.float32, seed=0)
-    with pytest.raises(ValueError, match="partition_size"):
+@pytest.mark.parametrize("block_size,partition_size", [(16, 24), (8, 24)])
+def test_decode_rejects_partitions_its_tiles_cannot_cut(block_size, partition_size):
+    """Partitions are whole blocks (16 into 24 is not) and whole tiles of at least 16 keys (24 blocks of
+    8 are not)."""
+    k_cache, v_cache, tables, lens = paged_batch([20], 1, 64, block_size, torch.float32, seed=0)
+    with pytest.raises(ValueError, match=f"partition_size must be a multiple of block_size={block_size} and of 16"):
         paged_decode_attention(torch.zeros(1, 1, 64, device=DEVICE), k_cache, v_cache, tables, lens, 1.0,
-                               partition_size=24)
+                               partition_size=partition_size)
 
 
 def test_load_ops_gives_each_caller_its_own_namespace_of_the_same_ops():
