@@ -60,12 +60,14 @@ def assert_same(got: tuple, want: tuple, what: str) -> None:
 
 
 @st.composite
-def engines(draw) -> dict:
-    block_size = draw(st.sampled_from([4, 8, 16]))
+def engines(draw, attention_backend: str = "torch") -> dict:
+    # The Triton kernels' tiles of keys take blocks of at least 16 (`kernels/ops.py` refuses fewer).
+    block_size = draw(st.sampled_from([4, 8, 16] if attention_backend == "torch" else [16, 32]))
     k = draw(st.integers(1, 4))
     speculative = draw(st.sampled_from([None, "ngram", "draft"]))
     max_num_seqs = draw(st.integers(1, 4))
     args = dict(skip_tokenizer_init=True, dtype="float32", max_model_len=MAX_MODEL_LEN, block_size=block_size,
+                attention_backend=attention_backend,
                 # From one request at full length (what the engine guarantees) to room for several.
                 num_kv_blocks=math.ceil(MAX_MODEL_LEN / block_size) + draw(st.integers(0, 12)),
                 max_num_seqs=max_num_seqs,
@@ -173,6 +175,20 @@ def serve(llm: LLM, requests: list[tuple[tuple[int, ...], SamplingParams, int, i
                     "prompt_logprobs": None, "abort_step": None}])
 @given(engine=engines(), workload=workloads())
 def test_any_mix_of_features_gives_each_request_its_tokens_alone_and_frees_every_block(engine, workload):
+    check_against_alone(engine, workload)
+
+
+@pytest.mark.slow
+@settings(max_examples=8, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(engine=engines("triton"), workload=workloads())
+def test_the_triton_kernels_under_any_mix_of_features(engine, workload):
+    """The same on the Triton kernels, run by the interpreter (some 20 s an example, so only a few),
+    against the PyTorch backend's tokens alone. The kernels' own property tests draw many more
+    batches, at a fraction of the cost (tests/kernels/test_kernel_properties.py)."""
+    check_against_alone(engine, workload)
+
+
+def check_against_alone(engine: dict, workload: list[dict]) -> None:
     llm = LLM("tiny", **engine["args"])
     if engine["padded"]:
         llm.llm_engine.model_runner.capture_cuda_graphs(capture=False)
