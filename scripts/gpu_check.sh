@@ -205,7 +205,7 @@ step 1 quant-sweep 45 $PY scripts/quant_gemv_sweep.py "$OUTDIR/quant-sweep.json"
 XDIST=$($PY -c "import xdist" 2>/dev/null && echo "-n 6")
 TESTS="$PY -m pytest -q -p no:cacheprovider $XDIST --timeout=240 -rfE tests/kernels/test_gpu.py tests/engine/test_async_scheduling.py tests/kernels/test_kernels.py \
     tests/kernels/test_quant_kernels.py tests/kernels/test_kv_int8.py tests/kernels/test_layer_kernels.py tests/kernels/test_ragged_attention.py \
-    tests/kernels/test_kernel_properties.py tests/kernels/test_quant_properties.py \
+    tests/kernels/test_kernel_properties.py tests/kernels/test_quant_properties.py tests/kernels/test_layer_properties.py \
     tests/model/test_hf_parity.py \
     tests/model/test_kernel_ops.py tests/engine/test_paged_engine.py tests/engine/test_cuda_graph.py \
     tests/engine/test_device.py tests/engine/test_spec_decode.py tests/bench/test_bench_decode.py \
