@@ -45,7 +45,7 @@ shapes = st.fixed_dictionaries({
     "block_size": st.sampled_from([4, 8, 16, 32]),
     "dtype": st.sampled_from(DTYPES),
     "int8": st.booleans(),
-    "large_scale": st.booleans(),  # scores of tens: the softmax must subtract its running maximum
+    "large_scale": st.booleans(),  # scale 1, not 1/√d: scores √d times larger, for the running maximum
     "gpu": st.sampled_from(GPUS),
     "seed": st.integers(0, 2 ** 16),
 })

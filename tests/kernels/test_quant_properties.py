@@ -1,9 +1,10 @@
 """The quantized matmul kernels on any layer shape the engine can meet: hypothesis draws the input
 and output widths (off every tile size), the int4 group size, the row count (one row, the tensor
-cores' 2 to 16, the gemm's more), the path and its input slices, a bias, rows that start anywhere in
-a wider buffer, the dtype and the GPU whose tiles the launcher picks. On inputs whose sums are exact
-(`exactly_summed`, `grid_inputs`) every kernel must give the reference bit for bit, rounded once to
-the dtype. test_quant_kernels.py takes five shapes by hand; this looks for the shape they miss."""
+cores' 2 to 16, the gemm's more), the path (chosen, or either one forced at any row count) and its
+input slices, a bias, rows that start anywhere in a wider buffer, the dtype and the GPU whose tiles
+the launcher picks. On inputs whose sums are exact (`exactly_summed`, `grid_inputs`) every kernel
+must give the reference bit for bit, rounded once to the dtype. test_quant_kernels.py takes five
+shapes by hand; this looks for the shape they miss."""
 
 from __future__ import annotations
 
@@ -49,8 +50,6 @@ def layers(draw) -> dict:
        gpu=st.sampled_from(GPUS), seed=st.integers(0, 2 ** 16))
 def test_any_layer_is_exact_on_every_path(layer, rows, path, split_k, bias, row_start, dtype, gpu, seed):
     method, k, n, group_size = layer["method"], layer["k"], layer["n"], layer["group_size"]
-    if path == "gemv" and rows > GEMV_MAX_ROWS:
-        path = "gemm"  # the gemv path takes at most GEMV_MAX_ROWS rows
     kernel, reference = KERNELS[method]
     weight_args = to_device(exactly_summed(method, k, n, dtype, group_size, seed=seed))
     # Rows of a wider buffer, starting row_start elements in (the packed one-row step reads its inputs
