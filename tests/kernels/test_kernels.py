@@ -168,8 +168,8 @@ def test_store_kvcache_matches_reference(dtype, num_kv_heads, head_dim):
 
 @pytest.mark.parametrize("block_size,partition_size", [(16, 24), (8, 24)])
 def test_decode_rejects_partitions_its_tiles_cannot_cut(block_size, partition_size):
-    """Partitions are whole blocks (16 into 24 is not) and whole tiles of at least 16 keys (24 blocks of
-    8 are not)."""
+    """Partitions are whole blocks (24 tokens are not, in blocks of 16) and whole tiles of at least 16
+    keys (24 tokens in blocks of 8 are three blocks, but not whole tiles)."""
     k_cache, v_cache, tables, lens = paged_batch([20], 1, 64, block_size, torch.float32, seed=0)
     with pytest.raises(ValueError, match=f"partition_size must be a multiple of block_size={block_size} and of 16"):
         paged_decode_attention(torch.zeros(1, 1, 64, device=DEVICE), k_cache, v_cache, tables, lens, 1.0,
