@@ -106,18 +106,30 @@ def paged_decode_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: 
     return out.reshape(num_seqs, num_heads, head_dim)
 
 
+# The decode kernel's context tokens per split unless a block holds more: a partition is whole blocks,
+# and the pool's blocks may be up to 1,024 tokens long.
+PARTITION_SIZE = 512
+
+
+def default_partition(block_size: int) -> int:
+    return max(PARTITION_SIZE, block_size)
+
+
 def paged_decode_partitions_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                                 block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
-                                max_seq_len: int | None = None, partition_size: int = 512, *,
+                                max_seq_len: int | None = None, partition_size: int | None = None, *,
                                 k_scales: torch.Tensor | None = None,
                                 v_scales: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The split-KV pass of the decode kernel: each sequence's context cut into partitions of
     partition_size tokens, as many as the longest sequence needs. Returns part_out [num_seqs, heads,
     num_parts, head_dim] (fp32), each partition's softmax over its own keys applied to their values,
     0 where it has no key; and lse [num_seqs, heads, num_parts], log(sum(exp(scores))) over its keys,
-    -inf where it has none. Merging them exactly gives paged_decode_attention_ref."""
+    -inf where it has none. Merging them exactly gives paged_decode_attention_ref. partition_size
+    defaults to the kernel's (`default_partition`)."""
     num_seqs, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
+    if partition_size is None:
+        partition_size = default_partition(k_cache.shape[1])
     if max_seq_len is None:
         max_seq_len = int(seq_lens.max())
     num_parts = -(-max_seq_len // partition_size)

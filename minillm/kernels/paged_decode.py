@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 from minillm.kernels import check_kv_layout, dot_precision
+from minillm.kernels.attention_reference import PARTITION_SIZE, default_partition
 from minillm.kernels.targets import GPUSpec, first_fitting, launch_target, shared_bytes_estimate
 from minillm.kernels.tiles import LOG2E, load_kv_tile, online_softmax_step
 
@@ -136,7 +137,8 @@ class DecodeLaunch:
 
 
 def decode_launch(num_seqs: int, num_heads: int, num_kv_heads: int, head_dim: int, max_seq_len: int,
-                  partition_size: int = 512, target: GPUSpec | None = None, element_size: int = 2) -> DecodeLaunch:
+                  partition_size: int = PARTITION_SIZE, target: GPUSpec | None = None,
+                  element_size: int = 2) -> DecodeLaunch:
     """The launch `paged_decode_attention` makes: as many partitions as the longest sequence needs
     (every sequence gets that many; those past its end return at once), whatever the batch size.
     target: the GPU (None: Triton's interpreter); element_size: bytes per element of q."""
@@ -150,7 +152,7 @@ def decode_launch(num_seqs: int, num_heads: int, num_kv_heads: int, head_dim: in
 
 def paged_decode_partitions(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                             block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
-                            max_seq_len: int | None = None, partition_size: int = 512, *,
+                            max_seq_len: int | None = None, partition_size: int | None = None, *,
                             k_scales: torch.Tensor | None = None,
                             v_scales: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The split-KV pass alone (reference: `reference.paged_decode_partitions_ref`): part_out
@@ -159,9 +161,11 @@ def paged_decode_partitions(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     (-inf where it holds none). `merge_partitions` turns them into the attention output."""
     num_seqs, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
-    if partition_size % block_size or partition_size % 16:
-        raise ValueError(f"partition_size must be a multiple of block_size={block_size} and of 16 (the smallest "
-                         f"tile of keys tl.dot takes), got {partition_size}")
+    if partition_size is None:
+        partition_size = default_partition(block_size)
+    if partition_size < 16 or partition_size % block_size or partition_size % 16:
+        raise ValueError(f"partition_size must be a positive multiple of block_size={block_size} and of 16 (the "
+                         f"smallest tile of keys tl.dot takes), got {partition_size}")
     if max_seq_len is None:
         max_seq_len = int(seq_lens.max())
     launch = decode_launch(num_seqs, num_heads, num_kv_heads, head_dim, max_seq_len, partition_size,
@@ -197,11 +201,12 @@ def merge_partitions(part_out: torch.Tensor, lse: torch.Tensor, dtype: torch.dty
 
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
-                           max_seq_len: int | None = None, partition_size: int = 512, *,
+                           max_seq_len: int | None = None, partition_size: int | None = None, *,
                            k_scales: torch.Tensor | None = None, v_scales: torch.Tensor | None = None) -> torch.Tensor:
     """q: [num_seqs, heads, head_dim]; caches: [num_blocks, block_size, kv_heads, head_dim].
     max_seq_len, if the caller knows it, saves reading seq_lens back from the device;
-    partition_size: context tokens per split (a multiple of the block size and of 16);
+    partition_size: context tokens per split, a multiple of the block size and of 16 (by default
+    `default_partition`: 512, or one block where a block is longer);
     k_scales, v_scales: an int8 cache's scales, [num_blocks, block_size, kv_heads]."""
     part_out, lse = paged_decode_partitions(q, k_cache, v_cache, block_tables, seq_lens, scale, max_seq_len,
                                             partition_size, k_scales=k_scales, v_scales=v_scales)

@@ -68,6 +68,19 @@ def test_backends_and_prefix_caching_give_the_same_tokens(backend, caching, refe
     assert_no_blocks_held(llm)
 
 
+def test_triton_blocks_longer_than_a_decode_partition(reference_tokens):
+    """Blocks of 1,024 tokens, the largest the pool takes: the decode kernel's partitions (512 tokens by
+    default) must be whole blocks, so each is one block, eagerly and on the CUDA graphs' padded path."""
+    pytest.importorskip("triton")
+    llm = LLM("tiny", attention_backend="triton", block_size=1024, max_model_len=2048, dtype="float32")
+    prompts = PROMPTS[2:]  # two prompts in one batch: the interpreter is slow
+    want = [reference_tokens[p] for p in prompts]
+    assert token_ids(llm.generate(prompts, GREEDY, use_tqdm=False)) == want
+    llm.llm_engine.model_runner.capture_cuda_graphs(capture=False)
+    assert token_ids(llm.generate(prompts, GREEDY, use_tqdm=False)) == want
+    assert_no_blocks_held(llm)
+
+
 def test_preemption_and_aborts_leave_outputs_unchanged_and_blocks_free(reference_tokens):
     # 28 blocks of 4 tokens: two of the ~52-token prompts fit (13 + 14 blocks), but not their growth,
     # so the scheduler must queue, preempt the most recent sequence when decodes run out of blocks,

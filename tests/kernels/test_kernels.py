@@ -166,14 +166,26 @@ def test_store_kvcache_matches_reference(dtype, num_kv_heads, head_dim):
     assert torch.equal(flat[untouched], before.view(-1, num_kv_heads, head_dim)[untouched])
 
 
-@pytest.mark.parametrize("block_size,partition_size", [(16, 24), (8, 24)])
+@pytest.mark.parametrize("block_size,partition_size", [(16, 24), (8, 24), (16, 0)])
 def test_decode_rejects_partitions_its_tiles_cannot_cut(block_size, partition_size):
     """Partitions are whole blocks (24 tokens are not, in blocks of 16) and whole tiles of at least 16
-    keys (24 tokens in blocks of 8 are three blocks, but not whole tiles)."""
+    keys (24 tokens in blocks of 8 are three blocks, but not whole tiles), and hold some."""
     k_cache, v_cache, tables, lens = paged_batch([20], 1, 64, block_size, torch.float32, seed=0)
-    with pytest.raises(ValueError, match=f"partition_size must be a multiple of block_size={block_size} and of 16"):
+    with pytest.raises(ValueError, match=f"partition_size must be a positive multiple of block_size={block_size} "
+                                         "and of 16"):
         paged_decode_attention(torch.zeros(1, 1, 64, device=DEVICE), k_cache, v_cache, tables, lens, 1.0,
                                partition_size=partition_size)
+
+
+def test_blocks_longer_than_the_default_partition_are_a_partition_each():
+    """The pool's blocks may hold up to 1,024 tokens; the decode kernel's partitions (512 tokens by
+    default) must be whole blocks, so a longer block is one partition."""
+    k_cache, v_cache, tables, lens = paged_batch([1500, 3, 1024], 1, 64, 1024, torch.float32, seed=4)
+    q = torch.randn(3, 2, 64, generator=torch.Generator().manual_seed(5)).to(DEVICE)
+    part_out, lse = paged_decode_partitions(q, k_cache, v_cache, tables, lens, 0.125)
+    assert lse.shape == (3, 2, 2)  # two partitions of 1,024 tokens
+    ref = paged_decode_attention_ref(q, k_cache, v_cache, tables, lens, 0.125)
+    assert relative_error(paged_decode_attention(q, k_cache, v_cache, tables, lens, 0.125), ref) < 1e-4
 
 
 def test_load_ops_gives_each_caller_its_own_namespace_of_the_same_ops():
