@@ -61,8 +61,9 @@ def assert_same(got: tuple, want: tuple, what: str) -> None:
 
 @st.composite
 def engines(draw, attention_backend: str = "torch") -> dict:
-    # The Triton kernels' tiles of keys take blocks of at least 16 (`kernels/ops.py` refuses fewer).
-    block_size = draw(st.sampled_from([4, 8, 16] if attention_backend == "torch" else [16, 32]))
+    # The Triton kernels' tiles of keys take blocks of at least 16 (`kernels/ops.py` refuses fewer); the
+    # largest block the pool takes, 1,024 tokens, is longer than the decode kernel's partition.
+    block_size = draw(st.sampled_from([4, 8, 16] if attention_backend == "torch" else [16, 32, 1024]))
     k = draw(st.integers(1, 4))
     speculative = draw(st.sampled_from([None, "ngram", "draft"]))
     max_num_seqs = draw(st.integers(1, 4))
