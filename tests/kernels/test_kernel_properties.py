@@ -17,6 +17,8 @@ from hypothesis import strategies as st
 
 pytest.importorskip("triton")
 
+from test_kernels import DEVICE, DTYPES  # noqa: E402
+
 from minillm.kernels.attention_reference import (  # noqa: E402
     dequantize_kv,
     paged_decode_attention_ref,
@@ -28,10 +30,8 @@ from minillm.kernels.paged_prefill import paged_prefill_attention  # noqa: E402
 from minillm.kernels.random_inputs import paged_batch  # noqa: E402
 from minillm.kernels.targets import TARGETS, aot_target  # noqa: E402
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # The interpreter's own tiles (None), and each GPU's (the launchers size their tiles by the target).
 GPUS = [None, *TARGETS] if DEVICE == "cpu" else [None]
-DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if DEVICE == "cuda" else [])
 # Element-wise: fp32 sums in another order; 16-bit inputs against the fp32 reference on the same
 # values (the kernels round probabilities to the inputs' dtype before multiplying the values: 2^-11
 # of each for fp16, 2^-8 for bf16).

@@ -6,6 +6,8 @@ output). Under the CPU interpreter: fp32 and fp16."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pytest
 import torch
 
@@ -103,19 +105,39 @@ def test_the_table_gives_the_angles_of_each_position():
     torch.testing.assert_close(cache[37], torch.cat((angles.cos(), angles.sin())))
 
 
-def paged_pool(tokens: int, kv_heads: int, head_dim: int, dtype: torch.dtype, int8: bool, seed: int):
-    """A pool of 6 blocks of 16 slots filled with noise, its scales if int8, and slots for `tokens`
-    tokens in scattered places, the third a padding row (slot -1)."""
+def paged_pool(tokens: int, kv_heads: int, head_dim: int, dtype: torch.dtype, int8: bool, seed: int, *,
+               num_blocks: int = 6, block_size: int = 16, padding: Sequence[int] = (2,)):
+    """A pool of num_blocks blocks of block_size slots filled with noise, its scales if int8, and slots for
+    `tokens` tokens in scattered places, those at the indices `padding` padding rows (slot -1)."""
     g = torch.Generator().manual_seed(seed)
-    shape = (6, 16, kv_heads, head_dim)
+    shape = (num_blocks, block_size, kv_heads, head_dim)
     if int8:
         caches = [torch.randint(-127, 128, shape, generator=g, dtype=torch.int8).to(DEVICE) for _ in range(2)]
         scales = {name: torch.rand(shape[:-1], generator=g).to(DEVICE) for name in ("k_scales", "v_scales")}
     else:
         caches, scales = [torch.randn(shape, generator=g).to(dtype).to(DEVICE) for _ in range(2)], {}
-    slots = torch.randperm(6 * 16, generator=g)[:tokens].to(torch.int32).to(DEVICE)
-    slots[2] = -1
+    slots = torch.randperm(num_blocks * block_size, generator=g)[:tokens].to(torch.int32).to(DEVICE)
+    slots[list(padding)] = -1
     return caches, scales, slots
+
+
+def check_stored(caches: list[torch.Tensor], scales: dict, expected: list[torch.Tensor], before: list[torch.Tensor],
+                 slots: torch.Tensor, int8: bool, dtype: torch.dtype) -> None:
+    """The pool (caches, then scales) as the reference left `expected`, and slots of no token, the padding
+    rows' included, as they were `before`."""
+    # A scale is a head's largest |k| over 127: a last-place difference in a rotated k (the GPU's fused
+    # multiply-adds) moves it by up to one ulp of the dtype.
+    for got, want in zip(scales.values(), expected[2:]):
+        torch.testing.assert_close(got, want, rtol=max(torch.finfo(dtype).eps, 1e-5), atol=1e-7)
+    for got, want in zip(caches, expected[:2]):
+        if int8:  # rounding ties (and a last-place difference in a rotated k) may move a value one level
+            assert (got.int() - want.int()).abs().max() <= 1
+        else:
+            close(got, want, dtype)
+    untouched = torch.ones(caches[0].shape[0] * caches[0].shape[1], dtype=torch.bool, device=DEVICE)
+    untouched[slots[slots >= 0].long()] = False
+    for got, old in zip((*caches, *scales.values()), before):
+        assert torch.equal(got.flatten(0, 1)[untouched], old.flatten(0, 1)[untouched])
 
 
 # (tokens, heads, kv_heads, head_dim, int8 cache, Qwen3's q/k norm): ragged counts, GQA and MHA, a head
@@ -141,17 +163,4 @@ def test_fused_rotary_store_kvcache_matches_the_reference(dtype, tokens, heads, 
     before = [t.clone() for t in (k_cache, v_cache, *scales.values())]
     out_q = fused_rotary_store_kvcache(positions, q, k, v, table, k_cache, v_cache, slots, **norms, **scales)
     close(out_q, ref_q, dtype)
-    # A scale is a head's largest |k| over 127: a last-place difference in a rotated k (the GPU's fused
-    # multiply-adds) moves it by up to one ulp of the dtype.
-    for got, want in zip(scales.values(), expected[2:]):
-        torch.testing.assert_close(got, want, rtol=max(torch.finfo(dtype).eps, 1e-5), atol=1e-7)
-    for got, want in zip((k_cache, v_cache), expected[:2]):
-        if int8:  # rounding ties (and a last-place difference in a rotated k) may move a value one level
-            assert (got.int() - want.int()).abs().max() <= 1
-        else:
-            close(got, want, dtype)
-    # Slots of no token, the padding row's included, keep what they held.
-    untouched = torch.ones(6 * 16, dtype=torch.bool, device=DEVICE)
-    untouched[slots[slots >= 0].long()] = False
-    for got, old in zip((k_cache, v_cache, *scales.values()), before):
-        assert torch.equal(got.flatten(0, 1)[untouched], old.flatten(0, 1)[untouched])
+    check_stored([k_cache, v_cache], scales, expected, before, slots, int8, dtype)

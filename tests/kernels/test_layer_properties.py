@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 pytest.importorskip("triton")
 
-from test_layer_kernels import DEVICE, DTYPES, close, signed  # noqa: E402
+from test_layer_kernels import DEVICE, DTYPES, check_stored, close, paged_pool, signed  # noqa: E402
 
 from minillm.kernels.activation import silu_and_mul  # noqa: E402
 from minillm.kernels.layer_reference import (  # noqa: E402
@@ -63,37 +63,23 @@ def test_the_fused_rotary_store_matches_its_reference_on_any_shape(shape, tokens
     """q, k and v as views of one qkv row, as the model has them; the last `padding` tokens are a CUDA
     graph's, at slot -1."""
     heads, kv_heads, head_dim = shape["heads"], shape["kv_heads"], shape["head_dim"]
-    g = torch.Generator().manual_seed(seed)
     table = cos_sin_cache(rope_inv_freq(head_dim, 10000.0, {}), MAX_POSITION, dtype, torch.device(DEVICE))
-    positions = torch.randint(0, MAX_POSITION, (tokens + padding,), generator=g).to(DEVICE)
+    positions = torch.randint(0, MAX_POSITION, (tokens + padding,), generator=torch.Generator().manual_seed(seed))
+    positions = positions.to(DEVICE)
     qkv = signed(tokens + padding, (heads + 2 * kv_heads) * head_dim, dtype=dtype, seed=seed, scale=2.0)
     q, k, v = (t.view(tokens + padding, -1, head_dim)
                for t in qkv.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1))
     norms = dict(q_norm_weight=signed(head_dim, dtype=dtype, seed=seed + 1) + 1,
                  k_norm_weight=signed(head_dim, dtype=dtype, seed=seed + 2) + 1, eps=1e-6) if shape["qk_norm"] else {}
-    num_slots = 2 * (tokens + padding) + shape["block_size"]
-    pool_shape = (-(-num_slots // shape["block_size"]), shape["block_size"], kv_heads, head_dim)
-    if shape["int8"]:
-        caches = [torch.randint(-127, 128, pool_shape, generator=g, dtype=torch.int8).to(DEVICE) for _ in range(2)]
-        scales = {name: torch.rand(pool_shape[:-1], generator=g).to(DEVICE) for name in ("k_scales", "v_scales")}
-    else:
-        caches, scales = [torch.randn(pool_shape, generator=g).to(DEVICE, dtype) for _ in range(2)], {}
-    slots = torch.randperm(pool_shape[0] * pool_shape[1], generator=g)[:tokens + padding].to(torch.int32).to(DEVICE)
-    slots[tokens:] = -1
+    block_size = shape["block_size"]
+    # Room for twice the tokens, so that their slots are scattered among untouched ones.
+    caches, scales, slots = paged_pool(tokens + padding, kv_heads, head_dim, dtype, shape["int8"], seed,
+                                       num_blocks=-(-(2 * (tokens + padding) + block_size) // block_size),
+                                       block_size=block_size, padding=range(tokens, tokens + padding))
     before = [t.clone() for t in (*caches, *scales.values())]
     expected = [t.clone() for t in before]
-    ref_q = fused_rotary_store_kvcache_ref(positions, q, k, v, table, expected[0], expected[1], slots, **norms,
-                                           **dict(zip(scales, expected[2:])))
+    ref_q = fused_rotary_store_kvcache_ref(positions, q, k, v, table, expected[0], expected[1], slots,
+                                           **norms, **dict(zip(scales, expected[2:])))
     out_q = fused_rotary_store_kvcache(positions, q, k, v, table, *caches, slots, **norms, **scales)
     close(out_q, ref_q, dtype)
-    for got, want in zip(scales.values(), expected[2:]):  # a rotated k's last place may move its scale an ulp
-        torch.testing.assert_close(got, want, rtol=max(torch.finfo(dtype).eps, 1e-5), atol=1e-7)
-    for got, want in zip(caches, expected[:2]):
-        if shape["int8"]:  # a rounding tie, or a rotated k's last place, may move a value one level
-            assert (got.int() - want.int()).abs().max() <= 1
-        else:
-            close(got, want, dtype)
-    untouched = torch.ones(pool_shape[0] * pool_shape[1], dtype=torch.bool, device=DEVICE)
-    untouched[slots[slots >= 0].long()] = False
-    for got, old in zip((*caches, *scales.values()), before):
-        assert torch.equal(got.flatten(0, 1)[untouched], old.flatten(0, 1)[untouched])
+    check_stored(caches, scales, expected, before, slots, shape["int8"], dtype)

@@ -8,8 +8,6 @@ shapes by hand; this looks for the shape they miss."""
 
 from __future__ import annotations
 
-import contextlib
-
 import pytest
 import torch
 from hypothesis import given, settings
@@ -17,6 +15,7 @@ from hypothesis import strategies as st
 
 pytest.importorskip("triton")
 
+from test_kernel_properties import GPUS, launched_on  # noqa: E402
 from test_quant_kernels import (  # noqa: E402
     DEVICE,
     DTYPES,
@@ -28,9 +27,6 @@ from test_quant_kernels import (  # noqa: E402
 )
 
 from minillm.kernels.quant_matmul import GEMV_MAX_ROWS  # noqa: E402
-from minillm.kernels.targets import TARGETS, aot_target  # noqa: E402
-
-GPUS = [None, *TARGETS] if DEVICE == "cpu" else [None]
 
 
 @st.composite
@@ -56,7 +52,7 @@ def test_any_layer_is_exact_on_every_path(layer, rows, path, split_k, bias, row_
     # in pairs, and must not where a row starts at an odd element).
     x = grid_inputs(rows, k + 3, dtype=dtype, seed=seed + 1).to(DEVICE)[:, row_start:row_start + k]
     b = grid_inputs(n, dtype=dtype, seed=seed + 2).to(DEVICE) if bias else None
-    with aot_target(TARGETS[gpu]) if gpu is not None else contextlib.nullcontext():
+    with launched_on(gpu):
         out = kernel(x, *weight_args, b, path=path, split_k=split_k)
     ref = reference(x.double(), *as_fp64(weight_args), None if b is None else b.double())
     assert out.dtype == dtype and out.shape == (rows, n)
