@@ -82,8 +82,8 @@ class AsyncLLM:
         arrival_time (time.time()): when the request arrived, by default now; the engine thread picks
         it up only between steps, and its waiting until then counts in its time to first token."""
         arrival_time = time.time() if arrival_time is None else arrival_time
-        text, token_ids = self.llm_engine.process_prompt(prompt)
-        self.llm_engine.check_params(sampling_params)
+        text, token_ids = self.llm_engine.input_processor.process_prompt(prompt)
+        self.llm_engine.input_processor.check_params(sampling_params)
         # Checked here rather than met in a step: the engine thread shares each step with every request.
         check_fits_tensors(sampling_params)
         stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())

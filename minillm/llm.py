@@ -9,6 +9,7 @@ from collections.abc import Iterator, Sequence
 
 from tqdm.auto import tqdm
 
+from minillm.chat_utils import apply_chat_template
 from minillm.engine.llm_engine import LLMEngine, PromptType
 from minillm.engine.metrics import Metric
 from minillm.outputs import RequestOutput
@@ -55,7 +56,8 @@ class LLM:
     def generate(self, prompts: PromptType | Sequence[PromptType],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
                  *, use_tqdm: bool = True) -> list[RequestOutput]:
-        """Run every prompt to completion, all batched together; outputs in the prompts' order."""
+        """Run every prompt to completion, all batched together; outputs in the prompts' order, each
+        with SamplingParams.n completions."""
         if isinstance(prompts, (str, dict)):
             prompts = [prompts]
         if not isinstance(prompts, (list, tuple)):
@@ -64,8 +66,8 @@ class LLM:
         engine = self.llm_engine
         processed = []
         for prompt, p in zip(prompts, params):  # reject bad input before anything is queued
-            text, token_ids = engine.process_prompt(prompt)
-            engine.check_params(p)
+            text, token_ids = engine.input_processor.process_prompt(prompt)
+            engine.input_processor.check_params(p)
             # tokenized once; replace() checks every field again, so it too runs before anything is queued
             processed.append(({"prompt": text, "prompt_token_ids": token_ids},
                               dataclasses.replace(p, output_kind=RequestOutputKind.FINAL_ONLY)))
@@ -85,9 +87,26 @@ class LLM:
             raise RuntimeError(f"requests {sorted(pending)} were aborted before they finished")
         return [finished[i] for i in ids]
 
+    def chat(self, messages: list[dict] | list[list[dict]],
+             sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, *, use_tqdm: bool = True,
+             chat_template: str | None = None, add_generation_prompt: bool = True,
+             continue_final_message: bool = False) -> list[RequestOutput]:
+        """generate() on conversations: one (a list of {"role": ..., "content": ...} messages) or a
+        list of them, each rendered by the tokenizer's chat template or by chat_template (a Jinja
+        template); continue_final_message (with add_generation_prompt=False) lets the model go on
+        with the last message instead of answering it. One output per conversation."""
+        if not isinstance(messages, (list, tuple)) or not messages:
+            raise ValueError("messages must be a conversation (a non-empty list of messages) or a list of them")
+        conversations = [messages] if isinstance(messages[0], dict) else messages
+        prompts = [apply_chat_template(self.get_tokenizer(), _conversation(c), chat_template, add_generation_prompt,
+                                       continue_final_message) for c in conversations]
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+
     def stream(self, prompt: PromptType, sampling_params: SamplingParams | None = None) -> Iterator[str]:
         """Yield the text as it is generated, piece by piece; stop strings never leak."""
         params = sampling_params or SamplingParams()
+        if params.n != 1:
+            raise ValueError(f"n must be 1 to stream one text, got {params.n}; generate() returns n completions")
         request_id = self._add(prompt, dataclasses.replace(params, output_kind=RequestOutputKind.CUMULATIVE))
         sent = 0
         with _abort_on_exit(self.llm_engine, [request_id]):
@@ -120,6 +139,15 @@ def _per_prompt(sampling_params, n: int) -> list[SamplingParams]:
     if len(params) != n:
         raise ValueError(f"sampling_params must be one SamplingParams or one per prompt ({n}), got {len(params)}")
     return params
+
+
+def _conversation(messages) -> list[dict]:
+    """A conversation's messages, each a dict with a role and text content, as chat templates take them."""
+    if not isinstance(messages, (list, tuple)) or not messages or not all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+            for m in messages):
+        raise ValueError(f"messages must be dicts with a string role and string content, got {messages!r:.80}")
+    return list(messages)
 
 
 @contextlib.contextmanager

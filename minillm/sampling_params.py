@@ -20,6 +20,7 @@ MAX_INT32 = 2**31 - 1  # token counts, top_k and token ids: far past any context
 # torch.Generator.manual_seed takes any signed or unsigned 64-bit seed (vLLM's server bounds it the same way)
 MIN_SEED, MAX_SEED = -(2**63), 2**64 - 1
 MAX_LOGPROBS = 20  # vLLM's default max_logprobs
+MAX_N = 128  # completions of one prompt, as OpenAI caps n: each is a request in the engine
 FLOAT32_MAX = 3.4028234663852886e38  # the sampler holds temperatures as float32
 MAX_PENALTY = 2.0  # presence and frequency penalties, OpenAI's and vLLM's range [-2, 2]
 # A repetition penalty divides or multiplies logits: bounded so that a logit stays finite (vLLM only asks > 0).
@@ -37,6 +38,9 @@ class RequestOutputKind(enum.Enum):
 
 @dataclass
 class SamplingParams:
+    # Completions of the prompt (parallel sampling, engine/parallel_sampling.py): completion j samples
+    # with seed + j when a seed is given, as in vLLM.
+    n: int = 1
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0  # 0 (or -1) keeps every token
@@ -82,8 +86,11 @@ class SamplingParams:
         _integer("min_tokens", self.min_tokens, 0, MAX_INT32)
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise ValueError(f"min_tokens must be <= max_tokens={self.max_tokens}, got {self.min_tokens}")
+        _integer("n", self.n, 1, MAX_N)
         if self.seed is not None:
-            _integer("seed", self.seed, MIN_SEED, MAX_SEED)
+            _integer("seed", self.seed, MIN_SEED, MAX_SEED - self.n + 1,
+                     f"in [{MIN_SEED}, {MAX_SEED - self.n + 1}] with n={self.n} (completion j samples with seed + j)"
+                     if self.n > 1 else None)
         for name in ("logprobs", "prompt_logprobs"):
             if getattr(self, name) is not None:
                 _integer(name, getattr(self, name), 0, MAX_LOGPROBS)

@@ -12,9 +12,11 @@ import torch
 
 from minillm.config.engine import EngineConfig, check_checkpoint_quantization, resolve_max_model_len
 from minillm.engine.async_step import InFlightStep, placeholders
+from minillm.engine.input_processor import InputProcessor, PromptType
 from minillm.engine.metrics import EngineCounters, Metric, collect_metrics
 from minillm.engine.model_runner import ModelRunner
 from minillm.engine.output_processor import OutputProcessor
+from minillm.engine.parallel_sampling import ParallelSampling, child_params, child_request_id
 from minillm.engine.runner_output import ModelRunnerOutput
 from minillm.engine.scheduler import ScheduledBatch, Scheduler
 from minillm.engine.trace import SeqState, StepEvent, TraceInfo
@@ -32,7 +34,6 @@ from minillm.utils.device import device_memory_bytes, resolve_device, resolve_dt
 from minillm.utils.logger import init_logger
 from minillm.utils.memory import PeakMemory
 
-PromptType = str | dict
 logger = init_logger(__name__)
 
 
@@ -52,6 +53,8 @@ class LLMEngine:
         self.ops = load_ops(resolve_kernel(config.device.attention_backend, self.device, config.cache.block_size))
         check_checkpoint_quantization(config.model, model_config, path)
         self.tokenizer = None if config.model.skip_tokenizer_init else load_tokenizer(path)
+        self.input_processor = InputProcessor(self.tokenizer, model_config.vocab_size, self.max_model_len,
+                                              config.speculative is not None)
         # A quantized checkpoint loads quantized; otherwise quantization, if asked for, happens as each
         # weight arrives, so that the unquantized model is never held whole.
         with PeakMemory(self.device) as load_memory:
@@ -88,6 +91,7 @@ class LLMEngine:
             self.model_runner.capture_cuda_graphs(decode_only=mode == "FULL_DECODE_ONLY")
         self.output_processor = OutputProcessor(self.tokenizer)
         self.scheduler = Scheduler(config.scheduler, kv)
+        self.parallel_sampling = ParallelSampling()  # requests with SamplingParams.n > 1
         self.step_listeners: list[Callable[[StepEvent], None]] = []  # see engine/trace.py
         self.num_steps = 0
         self._in_flight: InFlightStep | None = None  # async_scheduling: the step queued last, not yet read
@@ -106,26 +110,49 @@ class LLMEngine:
 
     def add_request(self, request_id: str, prompt: PromptType, params: SamplingParams,
                     arrival_time: float | None = None) -> None:
-        text, token_ids = self.process_prompt(prompt)
-        self.check_params(params)
-        if self.scheduler.find(request_id) is not None:
-            raise ValueError(f"request_id {request_id!r} is already in the engine")
+        """Queues a request; with params.n > 1, one request per completion (engine/parallel_sampling.py),
+        whose outputs come back under request_id."""
+        text, token_ids = self.input_processor.process_prompt(prompt)
+        self.input_processor.check_params(params)
+        ids = [request_id] if params.n == 1 else [child_request_id(j, request_id) for j in range(params.n)]
+        for taken in (request_id, *ids):
+            if self.scheduler.find(taken) is not None or self.parallel_sampling.knows(taken):
+                raise ValueError(f"request_id {request_id!r} is already in the engine" if taken == request_id else
+                                 f"request_id {request_id!r} with n={params.n} names its completions "
+                                 f"{ids[0]!r} to {ids[-1]!r}, and {taken!r} is already in the engine")
+        arrival = time.time() if arrival_time is None else arrival_time
+        if params.n == 1:
+            self.scheduler.add_request(self._sequence(request_id, text, token_ids, params, arrival))
+            return
+        children = [self._sequence(rid, text, token_ids, child_params(params, j), arrival) for j, rid in enumerate(ids)]
+        bm = self.block_manager  # the completions share the prompt's full blocks through the prefix cache
+        share = bm is not None and bm.enable_prefix_caching and len(token_ids) > bm.block_size
+        for child in self.parallel_sampling.add(request_id, children, share_prompt=share):
+            self.scheduler.add_request(child)
+
+    def _sequence(self, request_id: str, text: str | None, token_ids: list[int], params: SamplingParams,
+                  arrival_time: float) -> Sequence:
         generator = None
         if params.seed is not None:
             generator = torch.Generator(device=self.device).manual_seed(params.seed)
-        self.scheduler.add_request(Sequence(
-            request_id, text, token_ids, params, self.max_model_len, self.eos_token_ids, generator,
-            time.time() if arrival_time is None else arrival_time))
+        return Sequence(request_id, text, token_ids, params, self.max_model_len, self.eos_token_ids, generator,
+                        arrival_time)
 
     def abort_request(self, request_id: str) -> None:
-        seq = self.scheduler.find(request_id)
-        if seq is not None:
-            seq.finish_reason = "abort"
-            self.scheduler.finish(seq)
-            self.counters.request_success["abort"] += 1
+        """Stops a request and frees its memory; a parallel sampling's id (or one of its completions')
+        stops every completion."""
+        parent = self.parallel_sampling.parent_of(request_id)
+        if parent is not None:
+            self.parallel_sampling.remove(parent)
+        for rid in [request_id] if parent is None else [child.request_id for child in parent.children]:
+            seq = self.scheduler.find(rid)
+            if seq is not None:
+                seq.finish_reason = "abort"
+                self.scheduler.finish(seq)
+                self.counters.request_success["abort"] += 1
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished_requests()
+        return self.scheduler.has_unfinished_requests() or self.parallel_sampling.has_held()
 
     def step(self) -> list[RequestOutput]:
         """One iteration: schedule; queue the model's step on the device; then read a step's tokens: the
@@ -134,7 +161,8 @@ class LLMEngine:
         step is recorded.
 
         The step read is this one, unless async_scheduling left the one before in flight: then this
-        step is scheduled and queued first, behind it, and that one is read (engine/async_step.py)."""
+        step is scheduled and queued first, behind it, and that one is read (engine/async_step.py).
+        The outputs of a request's n completions come back as the request's (engine/parallel_sampling.py)."""
         previous, self._in_flight = self._in_flight, None
         with placeholders(previous):
             queued = self._queue(self.scheduler.schedule(), previous)
@@ -143,7 +171,9 @@ class LLMEngine:
             self._in_flight = queued
         elif queued is not None:
             outputs += self._finish(queued)
-        return outputs
+        for seq in self.parallel_sampling.release():  # completions whose prompt is now in the prefix cache
+            self.scheduler.add_request(seq, in_arrival_order=True)
+        return self.parallel_sampling.merge(outputs)
 
     def _queue(self, batch: ScheduledBatch, previous: InFlightStep | None) -> InFlightStep | None:
         """The batch's step queued on the device (None for an empty batch), behind `previous` if given."""
@@ -246,47 +276,3 @@ class LLMEngine:
         return StepEvent(step=self.num_steps, seqs=seqs, num_waiting=len(self.scheduler.waiting),
                          num_free_blocks=kv.num_free_blocks, cached_blocks=tuple(sorted(kv.cached_block_ids.values())),
                          preempted=tuple(s.request_id for s in batch.preempted))
-
-    def process_prompt(self, prompt: PromptType) -> tuple[str | None, list[int]]:
-        """Validate a prompt and tokenize it: a string, {"prompt": str} or {"prompt_token_ids": [...]}."""
-        if isinstance(prompt, dict) and "prompt_token_ids" in prompt:
-            text, ids = prompt.get("prompt"), prompt["prompt_token_ids"]
-            if not isinstance(ids, (list, tuple)) or not all(
-                    isinstance(i, int) and not isinstance(i, bool) for i in ids):
-                raise ValueError(f"prompt_token_ids must be a list of ints, got {ids!r:.80}")
-            ids = list(ids)
-        else:
-            text = prompt.get("prompt") if isinstance(prompt, dict) else prompt
-            if not isinstance(text, str):
-                raise ValueError("prompt must be a string, {'prompt': str} or {'prompt_token_ids': [int, ...]}, "
-                                 f"got {type(prompt).__name__}")
-            try:
-                text.encode()
-            except UnicodeEncodeError as e:
-                raise ValueError(f"prompt must be valid Unicode text: it holds a lone surrogate at {e.start}") from None
-            if self.tokenizer is None:
-                raise ValueError("prompt must be {'prompt_token_ids': [...]} when skip_tokenizer_init=True")
-            ids = self.tokenizer(text, add_special_tokens=True)["input_ids"]
-        if not ids:
-            raise ValueError("prompt must not be empty (it has no tokens)")
-        vocab = self.model_config.vocab_size
-        if bad := [i for i in ids if not 0 <= i < vocab]:
-            raise ValueError(f"prompt_token_ids must be in [0, {vocab}), got {bad[0]}")
-        if len(ids) >= self.max_model_len:
-            raise ValueError(f"prompt has {len(ids)} tokens, but max_model_len is {self.max_model_len}: "
-                             "it must be shorter, to leave room for at least one generated token")
-        return text, ids
-
-    def check_params(self, params: SamplingParams) -> None:
-        if not isinstance(params, SamplingParams):
-            raise TypeError(f"sampling_params must be SamplingParams, got {type(params).__name__}")
-        params.verify()
-        if params.stop_strings and self.tokenizer is None:
-            raise ValueError("stop strings need a tokenizer; with skip_tokenizer_init=True use stop_token_ids")
-        for name in ("logprobs", "prompt_logprobs"):
-            if (value := getattr(params, name)) is not None and value > self.model_config.vocab_size:
-                raise ValueError(f"{name} must be <= vocab_size={self.model_config.vocab_size}, got {value}")
-        if params.prompt_logprobs is not None and self.config.speculative is not None:
-            # The model runner's speculative steps do not score prompts.
-            raise ValueError("prompt_logprobs is not supported with speculative decoding (speculative_config); "
-                             "leave one out")

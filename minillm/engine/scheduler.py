@@ -95,9 +95,14 @@ class Scheduler:
     def max_num_batched_tokens(self) -> int:
         return self.config.max_num_batched_tokens
 
-    def add_request(self, seq: Sequence) -> None:
+    def add_request(self, seq: Sequence, in_arrival_order: bool = False) -> None:
+        """At the back of the queue; in_arrival_order: behind only those that arrived before it (the
+        completions of a parallel sampling that waited for their prompt, engine/parallel_sampling.py)."""
         self.arrival_steps[seq.request_id] = self.num_steps
-        self.waiting.append(seq)
+        at = len(self.waiting)
+        while in_arrival_order and at > 0 and self.waiting[at - 1].metrics.arrival_time > seq.metrics.arrival_time:
+            at -= 1
+        self.waiting.insert(at, seq)
 
     def steps_waited(self, seq: Sequence) -> int:
         """Steps scheduled since seq arrived: its age on the step clock, for a scheduling policy that

@@ -19,6 +19,7 @@ from minillm.sampling_params import (
     FLOAT32_MAX,
     MAX_INT32,
     MAX_LOGPROBS,
+    MAX_N,
     MAX_PENALTY,
     MAX_REPETITION_PENALTY,
     MAX_SEED,
@@ -28,7 +29,6 @@ from minillm.sampling_params import (
     SamplingParams,
 )
 
-MAX_N = 128  # choices per request, as OpenAI caps it; each is a request in the engine
 # OpenAI's and vLLM's fields that minillm does not implement, each with the values that ask for
 # nothing (absent and null always do): any other value is refused by name, never silently ignored.
 UNSUPPORTED: dict[str, tuple] = {
@@ -112,7 +112,8 @@ class SamplingRequest(Request):
     n: int = Field(1, ge=1, le=MAX_N)
     temperature: float = number(1.0, 0, FLOAT32_MAX)  # 0 is greedy
     top_p: float = number(1.0, 0, 1, above_low=True)
-    seed: int | None = Field(None, ge=MIN_SEED, le=MAX_SEED)  # choice j samples with seed + j
+    # Choice j samples with seed + j, so SamplingParams bounds seed by n too.
+    seed: int | None = Field(None, ge=MIN_SEED, le=MAX_SEED)
     stop: NonEmpty | list[NonEmpty] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -130,21 +131,16 @@ class SamplingRequest(Request):
     # Each prompt token's logprob and this many alternatives, in the response (not when streamed).
     prompt_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
 
-    def sampling_params(self, max_tokens: int | None, logprobs: int | None, index: int) -> SamplingParams:
-        """The engine's parameters for choice `index`; SamplingParams raises ValueError naming the field
-        and its range, which the server answers with a 400."""
-        if self.seed is not None and MIN_SEED <= self.seed <= MAX_SEED < self.seed + self.n - 1:
-            raise ValueError(f"seed must be in [{MIN_SEED}, {MAX_SEED - self.n + 1}] with n={self.n}: "
-                             "choice j samples with seed + j")
+    def sampling_params(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+        """The engine's parameters, for all n choices (engine/parallel_sampling.py: choice j samples with
+        seed + j); SamplingParams raises ValueError naming the field and its range, which the server
+        answers with a 400."""
         return SamplingParams(
-            temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, min_p=self.min_p,
-            # Each of n choices is its own request: with a seed, each gets its own, as in vLLM.
-            seed=None if self.seed is None else self.seed + index,
-            max_tokens=max_tokens, min_tokens=self.min_tokens, stop=self.stop, stop_token_ids=self.stop_token_ids,
-            ignore_eos=self.ignore_eos, logprobs=logprobs, skip_special_tokens=self.skip_special_tokens,
-            include_stop_str_in_output=self.include_stop_str_in_output, presence_penalty=self.presence_penalty,
-            # The n choices of a prompt share its scores: its first choice computes them, once.
-            prompt_logprobs=self.num_prompt_logprobs() if index == 0 else None,
+            n=self.n, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, min_p=self.min_p,
+            seed=self.seed, max_tokens=max_tokens, min_tokens=self.min_tokens, stop=self.stop,
+            stop_token_ids=self.stop_token_ids, ignore_eos=self.ignore_eos, logprobs=logprobs,
+            skip_special_tokens=self.skip_special_tokens, include_stop_str_in_output=self.include_stop_str_in_output,
+            presence_penalty=self.presence_penalty, prompt_logprobs=self.num_prompt_logprobs(),
             frequency_penalty=self.frequency_penalty, repetition_penalty=self.repetition_penalty,
             output_kind=RequestOutputKind.CUMULATIVE if self.stream else RequestOutputKind.FINAL_ONLY)
 
@@ -226,6 +222,8 @@ class ChatCompletionRequest(SamplingRequest):
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     add_generation_prompt: bool = True
+    # vLLM's: the last message (the assistant's, begun) is continued rather than a new one opened.
+    continue_final_message: bool = False
 
     def conversation(self) -> list[dict[str, Any]]:
         """The messages with their content as text: a list of parts is joined, as most templates expect."""

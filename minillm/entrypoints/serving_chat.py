@@ -8,15 +8,11 @@ from collections.abc import AsyncIterator
 import jinja2
 
 from minillm.async_llm import AsyncLLM
+from minillm.chat_utils import REFUSALS, apply_chat_template
 from minillm.entrypoints.prompt_logprobs import prompt_logprobs_body
 from minillm.entrypoints.protocol import ChatCompletionRequest
 from minillm.entrypoints.serving_engine import Indexed, Prepared, chunk_usage, collect, deltas, now, prepare, usage
 from minillm.outputs import CompletionOutput, Logprob
-
-# What a chat template raises against the messages it renders: its own verdict (raise_exception:
-# roles must alternate, ...), or what it cannot do with them (a TypeError: adding text to a list of
-# content parts, ...).
-REFUSALS = (jinja2.TemplateError, TypeError)
 
 
 def check_template(tokenizer, chat_template: str) -> None:
@@ -35,24 +31,21 @@ def check_template(tokenizer, chat_template: str) -> None:
 
 
 def render(tokenizer, request: ChatCompletionRequest, chat_template: str | None) -> dict:
-    """The prompt as token ids. The template writes any special tokens itself, so the tokenizer adds none."""
+    """The prompt (chat_utils.py); ValueError, a 400, where there is no tokenizer or template, or the
+    template refuses the messages."""
     if tokenizer is None:
         raise ValueError("chat needs a tokenizer; this server was started with skip_tokenizer_init")
     if chat_template is None and not getattr(tokenizer, "chat_template", None):
         raise ValueError("this model's tokenizer has no chat template: use /v1/completions, or start "
                          "the server with --chat-template FILE")
-    try:
-        text = tokenizer.apply_chat_template(request.conversation(), chat_template=chat_template, tokenize=False,
-                                             add_generation_prompt=request.add_generation_prompt)
-    except REFUSALS as e:
-        raise ValueError(f"messages: the chat template refused them: {e}") from None
-    return {"prompt": text, "prompt_token_ids": tokenizer(text, add_special_tokens=False)["input_ids"]}
+    return apply_chat_template(tokenizer, request.conversation(), chat_template, request.add_generation_prompt,
+                               request.continue_final_message)
 
 
 def prepare_chat(engine: AsyncLLM, request: ChatCompletionRequest, chat_template: str | None) -> Prepared:
     """The conversation rendered and tokenized, and its choices' parameters, checked; ValueError when invalid."""
     return prepare(engine, [render(engine.get_tokenizer(), request, chat_template)],
-                   lambda j: request.sampling_params(request.max_new_tokens(), request.num_logprobs(), j), request.n)
+                   request.sampling_params(request.max_new_tokens(), request.num_logprobs()))
 
 
 async def full_response(request: ChatCompletionRequest, request_id: str, prepared: Prepared, model: str,

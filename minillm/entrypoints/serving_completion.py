@@ -19,8 +19,7 @@ def prepare_completion(engine: AsyncLLM, request: CompletionRequest) -> Prepared
         raise ValueError("max_tokens must be at least 1; 0 (the prompt alone, scored) needs echo: true")
     max_tokens = 1 if request.echo and request.max_tokens == 0 else request.max_tokens
 
-    prepared = prepare(engine, request.prompts(), lambda j: request.sampling_params(max_tokens, request.logprobs, j),
-                       request.n)
+    prepared = prepare(engine, request.prompts(), request.sampling_params(max_tokens, request.logprobs))
     if request.echo:
         prepared.echoes = [echo_prompt(engine, prompt) for prompt in prepared.prompts]
     return prepared

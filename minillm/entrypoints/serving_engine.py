@@ -1,15 +1,16 @@
-"""What completions and chat share: one HTTP request fanned out into engine requests (a prompt
-times n choices), their outputs merged back in arrival order, and the client watched so that
-one who leaves takes its requests with it."""
+"""What completions and chat share: one HTTP request queued as engine requests (one per prompt, each
+with its n choices: engine/parallel_sampling.py), their outputs merged back in arrival order, choice by
+choice, and the client watched so that one who leaves takes its requests with it."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from starlette.requests import Request
@@ -20,7 +21,7 @@ from minillm.entrypoints.protocol import SamplingRequest
 from minillm.outputs import RequestOutput
 from minillm.sampling_params import SamplingParams
 
-Indexed = tuple[int, RequestOutput]  # (choice index, output)
+Indexed = tuple[int, RequestOutput]  # (choice index, that choice's output)
 # Completions one HTTP request may ask for, prompts times n, each a request in the engine: OpenAI's
 # own bound on the prompts of one request. A few bytes of body must not queue tens of thousands.
 MAX_COMPLETIONS = 2048
@@ -32,46 +33,42 @@ def random_id(prefix: str) -> str:
 
 @dataclass
 class Prepared:
-    """One HTTP request, checked and tokenized: its prompts (text and token ids) and each choice's
-    parameters. Choice j of prompt p is the engine's request p * n + j."""
+    """One HTTP request, checked and tokenized: its prompts (text and token ids) and the parameters of
+    their choices. Choice j of prompt p is the response's choice p * n + j."""
 
     prompts: list[dict]
-    choice_params: list[SamplingParams]
+    params: SamplingParams
     echoes: list | None = None  # completions with echo: each prompt as sent back (echo.Echo)
 
     @property
     def count(self) -> int:
-        return len(self.prompts) * len(self.choice_params)
+        return len(self.prompts) * self.params.n
 
 
-def prepare(engine: AsyncLLM, prompts: list[dict], params: Callable[[int], SamplingParams], n: int) -> Prepared:
+def prepare(engine: AsyncLLM, prompts: list[dict], params: SamplingParams) -> Prepared:
     """Tokenizes each prompt once for its n choices and checks everything: ValueError when anything is
     invalid, before anything is queued. It takes time that grows with the prompt, so the server runs it
     off the event loop (in a thread; the tokenizer releases the GIL)."""
-    if len(prompts) * n > MAX_COMPLETIONS:
-        raise ValueError(f"prompt and n ask for {len(prompts)} x {n} = {len(prompts) * n} completions; a request "
-                         f"may ask for at most {MAX_COMPLETIONS} (send the rest in other requests)")
-    choice_params = [params(j) for j in range(n)]
+    if len(prompts) * params.n > MAX_COMPLETIONS:
+        raise ValueError(f"prompt and n ask for {len(prompts)} x {params.n} = {len(prompts) * params.n} completions; "
+                         f"a request may ask for at most {MAX_COMPLETIONS} (send the rest in other requests)")
     tokenized = []
     for prompt in prompts:
-        text, token_ids = engine.llm_engine.process_prompt(prompt)
+        text, token_ids = engine.llm_engine.input_processor.process_prompt(prompt)
         tokenized.append({"prompt": text, "prompt_token_ids": token_ids})
-    for p in choice_params:
-        engine.llm_engine.check_params(p)
-    max_tokens = choice_params[0].max_tokens  # the n choices share it
+    engine.llm_engine.input_processor.check_params(params)
     for prompt in tokenized:
-        check_fits_context(len(prompt["prompt_token_ids"]), max_tokens, engine.llm_engine.max_model_len)
-    return Prepared(tokenized, choice_params)
+        check_fits_context(len(prompt["prompt_token_ids"]), params.max_tokens, engine.llm_engine.max_model_len)
+    return Prepared(tokenized, params)
 
 
 def fan_out(engine: AsyncLLM, request_id: str, prepared: Prepared, arrival_time: float) -> AsyncIterator[Indexed]:
-    """Queue every choice of every prompt and merge their outputs. arrival_time: when the HTTP request
-    reached the server (its TTFT counts from there)."""
-    n = len(prepared.choice_params)
-    queued = {p * n + j: (f"{request_id}-{p * n + j}", prompt, params)
-              for p, prompt in enumerate(prepared.prompts) for j, params in enumerate(prepared.choice_params)}
-    streams = {index: engine.add_request(*args, arrival_time) for index, args in queued.items()}
-    return _merge(engine, streams, [rid for rid, _, _ in queued.values()])
+    """Queue every prompt and merge their choices' outputs. arrival_time: when the HTTP request reached
+    the server (its TTFT counts from there)."""
+    queued = [(f"{request_id}-{p}", prompt) for p, prompt in enumerate(prepared.prompts)]
+    streams = {p: engine.add_request(rid, prompt, prepared.params, arrival_time)
+               for p, (rid, prompt) in enumerate(queued)}
+    return _merge(engine, streams, prepared.params.n, [rid for rid, _ in queued])
 
 
 def check_fits_context(num_prompt_tokens: int, max_tokens: int | None, max_model_len: int) -> None:
@@ -83,26 +80,30 @@ def check_fits_context(num_prompt_tokens: int, max_tokens: int | None, max_model
                          f"at most {max_model_len - num_prompt_tokens} for this prompt")
 
 
-async def _merge(engine: AsyncLLM, streams: dict[int, AsyncIterator[RequestOutput]],
+async def _merge(engine: AsyncLLM, streams: dict[int, AsyncIterator[RequestOutput]], n: int,
                  request_ids: list[str]) -> AsyncIterator[Indexed]:
+    """Each prompt's outputs, choice by choice: an output holds one choice when streamed, all n at the
+    end otherwise; each choice's own output is finished once that choice is."""
     merged = asyncio.Queue()
 
-    async def pump(index: int, stream: AsyncIterator[RequestOutput]) -> None:
+    async def pump(p: int, stream: AsyncIterator[RequestOutput]) -> None:
         try:
             async for out in stream:
-                merged.put_nowait((index, out))
+                merged.put_nowait((p, out))
         except Exception as e:
-            merged.put_nowait((index, e))
+            merged.put_nowait((p, e))
 
-    tasks = [asyncio.create_task(pump(index, stream)) for index, stream in streams.items()]
+    tasks = [asyncio.create_task(pump(p, stream)) for p, stream in streams.items()]
     try:
         remaining = len(tasks)
         while remaining:
-            index, item = await merged.get()
+            p, item = await merged.get()
             if isinstance(item, Exception):
                 raise item
             remaining -= item.finished
-            yield index, item
+            for completion in item.outputs:
+                yield p * n + completion.index, dataclasses.replace(item, outputs=[completion],
+                                                                    finished=completion.finished())
     finally:
         for task in tasks:
             task.cancel()

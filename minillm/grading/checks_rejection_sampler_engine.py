@@ -82,7 +82,7 @@ def _validated(fn: Callable, name: str, names: Sequence[str]) -> Callable:
 
 def _engine_p_value(llm: LLM, sampler: RejectionSampler, stochastic_accept: Callable) -> float:
     learner = _validated(stochastic_accept, "stochastic_accept", STOCHASTIC_ARGS)
-    prompt = llm.llm_engine.process_prompt(ENGINE_PROMPT)[1]
+    prompt = llm.llm_engine.input_processor.process_prompt(ENGINE_PROMPT)[1]
     with mock.patch.object(sampler, "stochastic_accept", learner):
         try:
             return second_token_p_value(llm, prompt, ENGINE_PARAMS, ENGINE_REQUESTS)

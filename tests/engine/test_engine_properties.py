@@ -1,11 +1,11 @@
 """Any mix of the engine's features on any small workload: hypothesis draws the engine (block size,
 pool size, sequences and tokens a step, prefix caching, speculation by n-gram or draft model, async
 scheduling, the CUDA graphs' padded path run eagerly) and the workload (prompts sharing a beginning,
-arrivals over the first steps, stop tokens, penalties, aborts). Each request that is not aborted
-must get, in fp32, the greedy tokens it gets alone, with the same finish reason and log-probabilities
-(its prompt's scores too), and the pool must be whole afterwards. The other engine tests take the
-features one or two at a time, on workloads chosen by hand; this one looks for what their
-combinations break."""
+arrivals over the first steps, stop tokens, penalties, aborts, n completions). Each completion of a
+request that is not aborted must get, in fp32, the greedy tokens it gets alone, with the same finish
+reason and log-probabilities (its prompt's scores too), and the pool must be whole afterwards. The
+other engine tests take the features one or two at a time, on workloads chosen by hand; this one
+looks for what their combinations break."""
 
 from __future__ import annotations
 
@@ -18,7 +18,9 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from minillm import LLM, RequestOutput, SamplingParams
+from minillm.engine.parallel_sampling import child_params
 from minillm.engine.trace import record
+from minillm.outputs import CompletionOutput
 
 MAX_MODEL_LEN = 64
 VOCAB = 1000  # ids under tiny's vocabulary, from which the prompts are drawn
@@ -30,10 +32,10 @@ def alone_llm() -> LLM:
                enable_prefix_caching=False)
 
 
-def summary(out: RequestOutput) -> tuple:
-    """(tokens, finish reason, the tokens' logprobs, the prompt's scores: each position's (token, logprob)
-    pairs, the first position unscored)."""
-    completion = out.outputs[0]
+def summary(out: RequestOutput, completion: CompletionOutput | None = None) -> tuple:
+    """The completion's (default: the first one's) tokens, finish reason, the tokens' logprobs, and the
+    prompt's scores: each position's (token, logprob) pairs, the first position unscored."""
+    completion = completion or out.outputs[0]
     logprobs = [entry[token].logprob for entry, token in zip(completion.logprobs or [], completion.token_ids)]
     scored = [sorted((token, lp.logprob) for token, lp in entry.items()) for entry in (out.prompt_logprobs or [])[1:]]
     return completion.token_ids, completion.finish_reason, logprobs, scored
@@ -106,6 +108,7 @@ def workloads(draw) -> list[dict]:
             "logprobs": draw(st.sampled_from([None, 1])),
             "prompt_logprobs": draw(st.sampled_from([None, None, 2])),  # not with speculation
             "abort_step": draw(st.none() | st.none() | st.integers(0, 8)),
+            "n": draw(st.sampled_from([1, 1, 2, 3])),  # greedy: n times the same tokens
         })
     return requests
 
@@ -142,21 +145,30 @@ def expected(workload: list[dict], i: int, prompt_scores: bool) -> tuple:
 def serve(llm: LLM, requests: list[tuple[tuple[int, ...], SamplingParams, int, int | None]]) -> tuple[dict, set]:
     """Requests (prompt, parameters, arrival step, abort step or None) stepped through llm's engine as
     generate steps it, each added before its arrival step and aborted before its abort step if still
-    there: the summaries of those that finished, and the ones aborted, by index."""
+    there: the summaries of the completions of those that finished, and the ones aborted, by index."""
     core, finished, aborted = llm.llm_engine, {}, set()
+    completions: dict[int, dict[int, tuple]] = {}  # request -> completion index -> summary, once finished
     for step in range(10_000):
         for i, (prompt_ids, params, arrival, abort_step) in enumerate(requests):
             if arrival == step:
                 core.add_request(str(i), {"prompt_token_ids": list(prompt_ids)}, params)
-            if abort_step == step and i not in finished and core.scheduler.find(str(i)):
+            if abort_step == step and i not in finished and (core.scheduler.find(str(i))
+                                                             or core.parallel_sampling.knows(str(i))):
                 core.abort_request(str(i))
                 aborted.add(i)
         if step > max(arrival for _, _, arrival, _ in requests) and not core.has_unfinished_requests():
             return finished, aborted
         for out in core.step():
+            # Streamed, an output holds the completion that moved; whole, all of them.
+            i = int(out.request_id)
+            for completion in out.outputs:
+                if completion.finished():
+                    assert completion.index not in completions.setdefault(i, {}), \
+                        f"request {i}'s completion {completion.index} finished twice"
+                    completions[i][completion.index] = summary(out, completion)
             if out.finished:
-                assert int(out.request_id) not in finished, f"request {out.request_id} finished twice"
-                finished[int(out.request_id)] = summary(out)
+                assert i not in finished, f"request {i} finished twice"
+                finished[i] = [completions[i][j] for j in sorted(completions[i])]
     raise AssertionError("not done after 10,000 steps")
 
 
@@ -170,10 +182,10 @@ def serve(llm: LLM, requests: list[tuple[tuple[int, ...], SamplingParams, int, i
                               async_scheduling=False), "padded": False},
          workload=[{"beginning": [], "follows": None, "own": [0, 0, 0], "max_tokens": 1, "arrival": 0,
                     "stop_index": None, "min_tokens": 0, "presence_penalty": 0.0, "repetition_penalty": 1.0,
-                    "logprobs": None, "prompt_logprobs": None, "abort_step": None},
+                    "logprobs": None, "prompt_logprobs": None, "abort_step": None, "n": 1},
                    {"beginning": [], "follows": 0, "own": [0], "max_tokens": 1, "arrival": 0, "stop_index": None,
                     "min_tokens": 0, "presence_penalty": 0.0, "repetition_penalty": 1.0, "logprobs": None,
-                    "prompt_logprobs": None, "abort_step": None}])
+                    "prompt_logprobs": None, "abort_step": None, "n": 1}])
 @given(engine=engines(), workload=workloads())
 def test_any_mix_of_features_gives_each_request_its_tokens_alone_and_frees_every_block(engine, workload):
     check_against_alone(engine, workload)
@@ -194,11 +206,14 @@ def check_against_alone(engine: dict, workload: list[dict]) -> None:
     if engine["padded"]:
         llm.llm_engine.model_runner.capture_cuda_graphs(capture=False)
     prompt_scores = "speculative_config" not in engine["args"]  # which refuses prompt_logprobs
-    finished, aborted = serve(llm, [(prompt(workload, i), params_of(workload, i, prompt_scores), request["arrival"],
-                                     request["abort_step"]) for i, request in enumerate(workload)])
+    finished, aborted = serve(llm, [(prompt(workload, i), dataclasses.replace(
+        params_of(workload, i, prompt_scores), n=request["n"]), request["arrival"], request["abort_step"])
+        for i, request in enumerate(workload)])
     for i, request in enumerate(workload):
         if i not in aborted:
-            assert_same(finished[i], expected(workload, i, prompt_scores), f"request {i}: {request}")
+            assert len(finished[i]) == request["n"], f"request {i}: {request}"
+            for completion in finished[i]:
+                assert_same(completion, expected(workload, i, prompt_scores), f"request {i}: {request}")
     assert not aborted & finished.keys()
     blocks = llm.llm_engine.block_manager
     assert blocks.num_free_blocks == blocks.num_blocks, "KV blocks leaked"
@@ -206,7 +221,8 @@ def check_against_alone(engine: dict, workload: list[dict]) -> None:
 
 @st.composite
 def seeded_requests(draw) -> list[tuple[tuple[int, ...], SamplingParams, int]]:
-    """(prompt, sampling parameters, arrival step): seeded draws through every filter and penalty."""
+    """(prompt, sampling parameters, arrival step): seeded draws through every filter and penalty, of one
+    completion or two."""
     prefix = draw(st.lists(st.integers(0, 9), min_size=0, max_size=16))
     requests = []
     for _ in range(draw(st.integers(2, 5))):
@@ -216,7 +232,7 @@ def seeded_requests(draw) -> list[tuple[tuple[int, ...], SamplingParams, int]]:
             top_k=draw(st.sampled_from([0, 1, 5, 50])), top_p=draw(st.sampled_from([1.0, 0.9, 0.5])),
             min_p=draw(st.sampled_from([0.0, 0.05])), presence_penalty=draw(st.sampled_from([0.0, 0.5])),
             repetition_penalty=draw(st.sampled_from([1.0, 1.2])), max_tokens=draw(st.integers(1, 12)),
-            ignore_eos=True, logprobs=draw(st.sampled_from([None, 0, 2])))
+            ignore_eos=True, logprobs=draw(st.sampled_from([None, 0, 2])), n=draw(st.sampled_from([1, 1, 2])))
         requests.append((tuple(prefix[:draw(st.integers(0, len(prefix)))]) + tuple(own), params,
                          draw(st.integers(0, 6))))
     return requests
@@ -237,17 +253,22 @@ def seeded_requests(draw) -> list[tuple[tuple[int, ...], SamplingParams, int]]:
 def test_a_seeded_request_draws_the_same_tokens_whatever_runs_beside_it(engine, requests):
     """A seeded request draws from a generator of its own (sample/sampler.py), so its tokens depend on
     its seed, not on the batch it shares, however the engine runs it: beside others, and alone in the
-    same engine, give the same tokens (and logprobs to fp32 rounding). One exception, as in vLLM: with
-    speculative decoding, a preempted request's recompute samples its next token without drafts, where
-    its decode step alone verified some, so its draws part from there (greedy ones do not)."""
+    same engine, give the same tokens (and logprobs to fp32 rounding); its completion j, those of the
+    request alone with seed + j. One exception, as in vLLM: with speculative decoding, a preempted
+    request's recompute samples its next token without drafts, where its decode step alone verified
+    some, so its draws part from there (greedy ones do not)."""
     llm = LLM("tiny", **engine["args"])
     if engine["padded"]:
         llm.llm_engine.model_runner.capture_cuda_graphs(capture=False)
     with record(llm) as trace:
         together, _ = serve(llm, [(prompt_ids, params, arrival, None) for prompt_ids, params, arrival in requests])
-    preempted = {int(r) for e in trace.events for r in e.preempted} if "speculative_config" in engine["args"] else ()
+    # (a completion's request id is "j_i": request i's completion j)
+    preempted = {int(r.split("_")[-1]) for e in trace.events for r in e.preempted} \
+        if "speculative_config" in engine["args"] else ()
     for i, (prompt_ids, params, _) in enumerate(requests):
         if i not in preempted or params.greedy:
-            assert_same(together[i], serve(llm, [(prompt_ids, params, 0, None)])[0][0], f"request {i}: {params}")
+            for j, completion in enumerate(together[i]):  # completion j: the request alone with seed + j
+                alone_j = serve(llm, [(prompt_ids, child_params(params, j), 0, None)])[0][0][0]
+                assert_same(completion, alone_j, f"request {i}, completion {j}: {params}")
     blocks = llm.llm_engine.block_manager
     assert blocks.num_free_blocks == blocks.num_blocks, "KV blocks leaked"

@@ -29,7 +29,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("attention backends and their metadata", ("minillm.attention",)),
     ("sampling", ("minillm.sample",)),
     ("a step: scheduler, model runner, proposers, the engine", ("minillm.engine", "minillm.spec_decode")),
-    ("LLM, the public API", ("minillm.llm", "minillm")),
+    ("LLM, the public API", ("minillm.llm", "minillm.chat_utils", "minillm")),
     ("the async engine and the HTTP server", ("minillm.async_llm", "minillm.entrypoints")),
     ("tools and course", (
         "minillm.cli", "minillm.bench", "minillm.eval", "minillm.grading", "minillm.course", "minillm.widgets")),

@@ -232,10 +232,10 @@ def test_choices_cancelled_before_their_streams_start_are_aborted_by_id():
     """A response's merge cancelled at its first wait, before the tasks that read its choices have
     run: no choice's stream was ever opened to abort it on closing, so the merge aborts them by id."""
     engine = AsyncLLM("tiny", **ENGINE)
-    params = SamplingParams(max_tokens=200, ignore_eos=True)
+    params = SamplingParams(n=2, max_tokens=200, ignore_eos=True)
 
     async def main() -> dict[str, float]:
-        prepared = prepare(engine, [{"prompt_token_ids": [5, 6, 7]}], lambda j: params, 2)
+        prepared = prepare(engine, [{"prompt_token_ids": [5, 6, 7]}], params)
         merge = anext(fan_out(engine, "cmpl-x", prepared, time.time()))
         merge.send(None)  # the choices are queued and their readers created, not yet run
         with pytest.raises(asyncio.CancelledError):

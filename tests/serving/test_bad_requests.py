@@ -172,7 +172,7 @@ def test_health_answers_within_a_second_while_a_16_mb_request_is_tokenized(serve
     """Tokenizing runs in a thread, so the event loop answers others meanwhile. Tokenizing 16 MB
     for real takes a minute of CPU; the tokenizer is slowed instead, by more than the bound."""
     tokenizing = threading.Event()
-    process_prompt = server.engine.llm_engine.process_prompt
+    process_prompt = server.engine.llm_engine.input_processor.process_prompt
 
     def slow(prompt):
         if isinstance(prompt, dict) and "prompt_token_ids" not in prompt:
@@ -181,7 +181,7 @@ def test_health_answers_within_a_second_while_a_16_mb_request_is_tokenized(serve
             prompt = {"prompt": prompt["prompt"][:10]}
         return process_prompt(prompt)
 
-    monkeypatch.setattr(server.engine.llm_engine, "process_prompt", slow)
+    monkeypatch.setattr(server.engine.llm_engine.input_processor, "process_prompt", slow)
     replies = []
     big = threading.Thread(target=lambda: replies.append(post(server, "/completions", {
         "prompt": "x" * 16_000_000, "max_tokens": 2})))

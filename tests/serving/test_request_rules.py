@@ -11,7 +11,8 @@ import pytest
 from pydantic import ValidationError
 
 from minillm import LLM
-from minillm.entrypoints.protocol import MAX_N, ChatCompletionRequest, CompletionRequest
+from minillm.engine.parallel_sampling import child_params
+from minillm.entrypoints.protocol import ChatCompletionRequest, CompletionRequest
 from minillm.entrypoints.serving_engine import (
     MAX_COMPLETIONS,
     Prepared,
@@ -20,7 +21,7 @@ from minillm.entrypoints.serving_engine import (
     prepare,
     usage,
 )
-from minillm.sampling_params import MAX_SEED
+from minillm.sampling_params import MAX_N, MAX_SEED
 
 
 def completion(**fields) -> CompletionRequest:
@@ -30,10 +31,10 @@ def completion(**fields) -> CompletionRequest:
 def test_seed_plus_n_may_reach_the_largest_seed_and_not_pass_it():
     """Choice j samples with seed + j: the last choice's seed is seed + n - 1, which must be a seed."""
     n = 3
-    last_ok = completion(n=n, seed=MAX_SEED - n + 1)
-    assert [last_ok.sampling_params(4, None, j).seed for j in range(n)] == [MAX_SEED - 2, MAX_SEED - 1, MAX_SEED]
+    last_ok = completion(n=n, seed=MAX_SEED - n + 1).sampling_params(4, None)
+    assert [child_params(last_ok, j).seed for j in range(n)] == [MAX_SEED - 2, MAX_SEED - 1, MAX_SEED]
     with pytest.raises(ValueError, match=f"seed must be in .* with n={n}"):
-        completion(n=n, seed=MAX_SEED - n + 2).sampling_params(4, None, 0)
+        completion(n=n, seed=MAX_SEED - n + 2).sampling_params(4, None)
 
 
 def test_n_up_to_max_n_and_top_p_above_zero():
@@ -48,8 +49,8 @@ def test_n_up_to_max_n_and_top_p_above_zero():
 def test_the_prompt_is_scored_once_for_its_choices_with_the_most_alternatives_asked():
     """prompt_logprobs, or echo with logprobs, scores the prompt on the first choice alone; echo asks
     for the larger of the two counts, and logprobs without echo scores nothing of the prompt."""
-    request = completion(n=2, echo=True, logprobs=3, prompt_logprobs=1)
-    assert [request.sampling_params(4, 3, j).prompt_logprobs for j in range(2)] == [3, None]
+    params = completion(n=2, echo=True, logprobs=3, prompt_logprobs=1).sampling_params(4, 3)
+    assert [child_params(params, j).prompt_logprobs for j in range(2)] == [3, None]
     assert completion(echo=True, logprobs=1, prompt_logprobs=4).num_prompt_logprobs() == 4
     assert completion(logprobs=3).num_prompt_logprobs() is None
 
@@ -76,10 +77,10 @@ def engine() -> SimpleNamespace:
 def test_a_request_may_ask_for_max_completions_and_not_one_more(engine):
     request = completion(n=MAX_N)
     prompts = [{"prompt_token_ids": [5, 6]}] * (MAX_COMPLETIONS // MAX_N)
-    prepared = prepare(engine, prompts, lambda j: request.sampling_params(4, None, j), MAX_N)
+    prepared = prepare(engine, prompts, request.sampling_params(4, None))
     assert prepared.count == MAX_COMPLETIONS
     with pytest.raises(ValueError, match="may ask for at most"):
-        prepare(engine, prompts + prompts[:1], lambda j: request.sampling_params(4, None, j), MAX_N)
+        prepare(engine, prompts + prompts[:1], request.sampling_params(4, None))
 
 
 def output(prompt_len: int, num_tokens: int) -> SimpleNamespace:
@@ -87,9 +88,10 @@ def output(prompt_len: int, num_tokens: int) -> SimpleNamespace:
 
 
 def test_usage_counts_each_prompt_once_and_each_choice_and_chunks_count_their_own_prompt():
-    """Two prompts of 3 and 7 tokens, two choices each (engine request p * n + j)."""
+    """Two prompts of 3 and 7 tokens, two choices each (choice j of prompt p is p * n + j)."""
     outputs = {0: output(3, 4), 1: output(3, 5), 2: output(7, 1), 3: output(7, 2)}
     assert usage(outputs, 2) == {"prompt_tokens": 10, "completion_tokens": 12, "total_tokens": 22}
     request = completion(n=2, stream=True, stream_options={"include_usage": True, "continuous_usage_stats": True})
-    prepared = Prepared([{"prompt_token_ids": [1] * 3}, {"prompt_token_ids": [1] * 7}], [None, None])
+    prompts = [{"prompt_token_ids": [1] * 3}, {"prompt_token_ids": [1] * 7}]
+    prepared = Prepared(prompts, request.sampling_params(4, None))
     assert [chunk_usage(request, prepared, i, 1)["usage"]["prompt_tokens"] for i in range(4)] == [3, 3, 7, 7]

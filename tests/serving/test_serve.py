@@ -580,6 +580,23 @@ def test_a_chat_without_the_generation_prompt_is_rendered_without_it(server, ref
     assert chat["usage"]["prompt_tokens"] == len(ids)
 
 
+def test_a_chat_may_continue_its_last_message(server, reference):
+    """continue_final_message (vLLM's) leaves the assistant's begun message open; with the generation
+    prompt too it is a 400 naming both."""
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Once upon"}]
+    tokenizer = reference.get_tokenizer()
+    rendered = tokenizer.apply_chat_template(messages, tokenize=False, continue_final_message=True)
+    assert rendered.endswith("Once upon")
+    chat = httpx.post(server.base_url + "/chat/completions", json={
+        "messages": messages, "max_tokens": 2, "add_generation_prompt": False, "continue_final_message": True},
+        timeout=30).json()
+    assert chat["usage"]["prompt_tokens"] == len(tokenizer(rendered, add_special_tokens=False)["input_ids"])
+    both = httpx.post(server.base_url + "/chat/completions", json={
+        "messages": messages, "max_tokens": 2, "continue_final_message": True}, timeout=30)
+    assert both.status_code == 400
+    assert "add_generation_prompt and continue_final_message" in both.json()["error"]["message"]
+
+
 def test_the_edges_of_detokenize_and_the_shapes_of_routing_errors(server):
     """The last token id of the vocabulary is detokenized and the next refused; an unknown model is
     OpenAI's NotFoundError, and a wrong method says which methods the path takes."""
