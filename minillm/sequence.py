@@ -80,14 +80,17 @@ class Sequence:
         token may be skipped, not even by the prefix cache (a cached token gets no logits)."""
         return self.prompt_logprobs is not None and len(self.prompt_logprobs) < self.num_prompt_tokens
 
-    def num_prompt_logprobs_due(self, start: int, num_tokens: int) -> int:
-        """Of positions start, ..., start + num_tokens - 1, those whose logits score the next prompt
-        token and were not scored yet: a run that ends with the range, or just before the prompt's last
-        position (whose logits sample). A position computed again after a preemption is not scored twice."""
+    def prompt_tokens_to_score(self, start: int, num_tokens: int) -> range:
+        """The prompt tokens that positions start, ..., start + num_tokens - 1 score (token i by the
+        logits at position i - 1) and that were not scored yet: a run that ends with the range, or just
+        before the prompt's last position (whose logits sample). A position computed again after a
+        preemption is not scored twice. Where they start follows from the positions, not from the
+        entries received so far: with async scheduling this step is prepared before the step before it,
+        which scores the tokens just before these, has been read."""
         if self.prompt_logprobs is None:
-            return 0
-        first = max(start, len(self.prompt_logprobs) - 1)  # entry i is scored at position i - 1
-        return max(0, min(start + num_tokens, self.num_prompt_tokens - 1) - first)
+            return range(0)
+        first = max(start, len(self.prompt_logprobs) - 1) + 1
+        return range(first, max(first, min(start + num_tokens, self.num_prompt_tokens - 1) + 1))
 
     def banned_token_ids(self, offset: int = 0) -> list[int]:
         """Tokens that may not be sampled yet, offset tokens past the end: end-of-sequence tokens

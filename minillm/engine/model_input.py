@@ -26,20 +26,24 @@ class ModelInput:
     logits_indices: torch.Tensor
     num_logits: list[int]
     batch: BatchDescriptor | None = None  # the padded shape of a CUDA graph's step, if one replays it
-    # Of each sequence's num_logits rows, how many come first to score its prompt (prompt_logprobs)
-    # rather than to sample; empty when none do.
-    num_prompt_logits: list[int] = field(default_factory=list)
+    # The prompt tokens that each sequence's first num_logits rows score (prompt_logprobs), one a row,
+    # before the rows that sample; empty when none do.
+    prompt_scored: list[range] = field(default_factory=list)
 
     @property
     def num_seqs(self) -> int:
         return len(self.num_logits)
 
+    @property
+    def num_prompt_logits(self) -> list[int]:
+        return [len(tokens) for tokens in self.prompt_scored]
+
 
 def build_model_input(seqs: list[Sequence], start_pos: list[int], token_ids: list[list[int]],
                       num_logits: list[int], attn_backend: AttentionBackend, buffers: InputBuffers,
-                      graphs: CudaGraphs | None = None, num_prompt_logits: list[int] | None = None) -> ModelInput:
+                      graphs: CudaGraphs | None = None, prompt_scored: list[range] | None = None) -> ModelInput:
     """Sequence i feeds token_ids[i] at positions start_pos[i], ...; logits at its last num_logits[i]
-    positions, the first num_prompt_logits[i] of them scoring its prompt. With `graphs`, padded to
+    positions, the first len(prompt_scored[i]) of them scoring those prompt tokens. With `graphs`, padded to
     the shape of the one that holds the step, if one does: rows past the batch read and write nothing.
     The tensors hold these values on the device once the caller has flushed buffers.arena, after
     whatever else the step stages."""
@@ -52,7 +56,7 @@ def build_model_input(seqs: list[Sequence], start_pos: list[int], token_ids: lis
     rows = None if batch is None else batch.num_tokens
     indices = buffers.logits_indices.stage(logits_indices, None if batch is None else batch.num_logits)
     return ModelInput(buffers.input_ids.stage(input_ids, rows), buffers.positions.stage(positions, rows),
-                      metadata, indices[:len(logits_indices)], list(num_logits), batch, list(num_prompt_logits or []))
+                      metadata, indices[:len(logits_indices)], list(num_logits), batch, list(prompt_scored or []))
 
 
 def compute_logits(model: CausalLM, attn_backend: AttentionBackend, model_input: ModelInput) -> torch.Tensor | None:

@@ -118,9 +118,9 @@ class ModelRunner:
         # Logits at each sampling sequence's last position, and at each of its drafts.
         num_logits = [len(drafts) + 1 if sample else 0 for sample, drafts in zip(batch.do_sample, spec)]
         # And before those, at the prompt positions that score prompt_logprobs.
-        scored = [seq.num_prompt_logprobs_due(start, n)
+        scored = [seq.prompt_tokens_to_score(start, n)
                   for seq, start, n in zip(batch.seqs, starts, batch.num_new_tokens)]
-        model_input = build_model_input(batch.seqs, starts, token_ids, [k + p for k, p in zip(num_logits, scored)],
+        model_input = build_model_input(batch.seqs, starts, token_ids, [k + len(p) for k, p in zip(num_logits, scored)],
                                         self.attn_backend, self.buffers, self.cuda_graphs, scored)
         ends = model_input.metadata.query_start_loc[1:]  # one past each sequence's last row
         # The rows of input_ids whose tokens only the device has: a draft model's drafts or, with async
@@ -165,10 +165,10 @@ def score_prompts(logits: torch.Tensor, seqs: list[Sequence],
     """The rows of logits that score prompts taken apart from those to sample: returns the rows to
     sample, how many of them each sequence has, and each sequence's scored prompt tokens (None if none)."""
     keep, num_sampled, scored, row = [], [], [], 0
-    for seq, k, p in zip(seqs, model_input.num_logits, model_input.num_prompt_logits):
-        first = len(seq.prompt_logprobs) if p else 0  # the prompt token the first row scores
-        scored.append(score_tokens(logits[row:row + p], seq.token_ids[first:first + p], seq.params.prompt_logprobs)
-                      if p else None)
+    for seq, k, tokens in zip(seqs, model_input.num_logits, model_input.prompt_scored):
+        p = len(tokens)
+        scored.append(score_tokens(logits[row:row + p], seq.token_ids[tokens.start:tokens.stop],
+                                   seq.params.prompt_logprobs) if p else None)
         keep.extend(range(row + p, row + k))
         num_sampled.append(k - p)
         row += k

@@ -4,10 +4,10 @@ The engine runs completion j as a request of its own, a child: id `f"{j}_{reques
 parameters with n = 1, and seed + j where a seed is given (so completion j is what a request with that
 seed alone would give). Only the first child scores the prompt when prompt_logprobs asks for it: the
 scores are the prompt's, the same for every child, and every output carries them once they are
-complete. The children's outputs go back out under the
-parent's id, each CompletionOutput's `index` saying which completion it is: streamed, each child's
-output as it comes, the RequestOutput `finished` once the last child is; otherwise one RequestOutput
-holding all n, in order, when the last one finishes.
+complete. The children's outputs go back out under the parent's id, each CompletionOutput's `index`
+saying which completion it is: streamed, each child's output as it comes, the RequestOutput
+`finished` once the last child is; otherwise one RequestOutput holding all n, in order, when the
+last one finishes.
 
 The prompt is computed once. The first child goes into the queue at once and the others are held
 back until it has computed the prompt: they then find its full blocks in the prefix cache (chapter
@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from minillm.outputs import CompletionOutput, RequestOutput
+from minillm.outputs import CompletionOutput, Logprob, RequestOutput
 from minillm.sampling_params import RequestOutputKind, SamplingParams
 from minillm.sequence import Sequence, SequenceStatus
 
@@ -60,7 +60,7 @@ class ParentRequest:
         first = self.first
         return first.status is SequenceStatus.FINISHED or first.num_computed_tokens >= first.num_prompt_tokens
 
-    def prompt_logprobs(self) -> list | None:
+    def prompt_logprobs(self) -> list[dict[int, Logprob] | None] | None:
         """The prompt's scores, which the first child computes for all, once it has them all."""
         first = self.first
         return None if first.prompt_logprobs is None or first.needs_prompt_logprobs else first.prompt_logprobs

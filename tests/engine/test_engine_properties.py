@@ -186,6 +186,14 @@ def serve(llm: LLM, requests: list[tuple[tuple[int, ...], SamplingParams, int, i
                    {"beginning": [], "follows": 0, "own": [0], "max_tokens": 1, "arrival": 0, "stop_index": None,
                     "min_tokens": 0, "presence_penalty": 0.0, "repetition_penalty": 1.0, "logprobs": None,
                     "prompt_logprobs": None, "abort_step": None, "n": 1}])
+# A prompt scored in two chunks with async scheduling: the second chunk's step, prepared before the
+# first one's scores were read, scored the tokens after those received so far (found by hypothesis).
+@example(engine={"args": dict(skip_tokenizer_init=True, dtype="float32", max_model_len=MAX_MODEL_LEN, block_size=4,
+                              num_kv_blocks=16, max_num_seqs=1, max_num_batched_tokens=2, enable_prefix_caching=False,
+                              async_scheduling=True), "padded": False},
+         workload=[{"beginning": [], "follows": None, "own": [0, 0, 0, 1], "max_tokens": 1, "arrival": 0,
+                    "stop_index": None, "min_tokens": 0, "presence_penalty": 0.0, "repetition_penalty": 1.0,
+                    "logprobs": None, "prompt_logprobs": 2, "abort_step": None, "n": 1}])
 @given(engine=engines(), workload=workloads())
 def test_any_mix_of_features_gives_each_request_its_tokens_alone_and_frees_every_block(engine, workload):
     check_against_alone(engine, workload)

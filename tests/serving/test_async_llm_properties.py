@@ -1,8 +1,9 @@
 """AsyncLLM under any crowd of callers: hypothesis draws the engine (async scheduling, prefix caching,
 speculation by n-gram or draft model, a pool small enough to preempt) and the callers (prompts,
-lengths, arrival delays; some leave after a few tokens, some are cancelled before their first). Every
-caller that stays must get the greedy tokens its prompt gets alone, every one that leaves a prefix of
-them; afterwards the engine holds no request, no stream and no block, and still serves. The engine
+lengths, one or two completions, arrival delays; some leave after a few tokens, some are cancelled
+before their first). Every completion of a caller that stays must get the greedy tokens its prompt
+gets alone, every one of a caller that leaves a prefix of them; afterwards the engine holds no
+request, no stream and no block, and still serves. The engine
 thread and the callers' event loop interleave differently from run to run: whatever the order,
 these must hold."""
 
@@ -46,6 +47,7 @@ def engines(draw) -> dict:
 callers = st.lists(st.fixed_dictionaries({
     "prompt": st.lists(st.integers(0, 20), min_size=1, max_size=20).map(tuple),  # few ids: shared prefixes
     "max_tokens": st.integers(1, 12),
+    "n": st.sampled_from([1, 1, 2]),  # completions, streamed one at a time (engine/parallel_sampling.py)
     "leave_after": st.none() | st.integers(0, 6),  # tokens seen before it leaves; 0: cancelled at once
     "delay": st.sampled_from([0, 0, 0.001, 0.01]),  # seconds before it calls
 }), min_size=1, max_size=8)
@@ -56,14 +58,15 @@ callers = st.lists(st.fixed_dictionaries({
 def test_any_crowd_of_callers_gets_its_tokens_and_leaves_nothing_behind(args, callers):
     engine = AsyncLLM("tiny", **args)
 
-    async def call(i: int, caller: dict) -> tuple[str, list[int]]:
+    async def call(i: int, caller: dict) -> tuple[str, dict[int, list[int]]]:
         await asyncio.sleep(caller["delay"])
-        params = SamplingParams(temperature=0, max_tokens=caller["max_tokens"], ignore_eos=True)
-        tokens: list[int] = []
+        params = SamplingParams(n=caller["n"], temperature=0, max_tokens=caller["max_tokens"], ignore_eos=True)
+        tokens: dict[int, list[int]] = {}  # completion index -> its tokens so far
         async for out in engine.generate({"prompt_token_ids": list(caller["prompt"])}, params, f"r{i}"):
-            tokens = out.outputs[0].token_ids
-            if caller["leave_after"] is not None and len(tokens) >= caller["leave_after"]:
-                return "left", tokens  # leaving the stream aborts the request
+            for completion in out.outputs:
+                tokens[completion.index] = completion.token_ids
+                if caller["leave_after"] is not None and len(completion.token_ids) >= caller["leave_after"]:
+                    return "left", tokens  # leaving the stream aborts the request, every completion of it
         return "stayed", tokens
 
     async def main() -> tuple[list, list[int]]:
@@ -89,10 +92,14 @@ def test_any_crowd_of_callers_gets_its_tokens_and_leaves_nothing_behind(args, ca
         if isinstance(result, BaseException):
             assert isinstance(result, asyncio.CancelledError) and caller["leave_after"] == 0, repr(result)
             continue
-        how, tokens = result
+        how, completions = result
         want = alone(caller["prompt"], caller["max_tokens"])
-        assert tokens == (want if how == "stayed" else want[:len(tokens)]), caller
+        if how == "stayed":
+            assert sorted(completions) == list(range(caller["n"])), caller
+        for tokens in completions.values():
+            assert tokens == (want if how == "stayed" else want[:len(tokens)]), caller
     assert after == alone((1, 2, 3), 3)
     blocks = engine.llm_engine.block_manager
     assert blocks.num_free_blocks == blocks.num_blocks, "KV blocks leaked"
     assert not engine.llm_engine.has_unfinished_requests() and not engine._streams
+    assert not engine.llm_engine.parallel_sampling.parents, "a request of n completions was kept"
