@@ -92,6 +92,7 @@ class LLMEngine:
         self.output_processor = OutputProcessor(self.tokenizer)
         self.scheduler = Scheduler(config.scheduler, kv)
         self.parallel_sampling = ParallelSampling()  # requests with SamplingParams.n > 1
+        self.num_requests_added = 0  # each request's arrival_index (sequence.py)
         self.step_listeners: list[Callable[[StepEvent], None]] = []  # see engine/trace.py
         self.num_steps = 0
         self._in_flight: InFlightStep | None = None  # async_scheduling: the step queued last, not yet read
@@ -121,6 +122,7 @@ class LLMEngine:
                                  f"request_id {request_id!r} with n={params.n} names its completions "
                                  f"{ids[0]!r} to {ids[-1]!r}, and {taken!r} is already in the engine")
         arrival = time.time() if arrival_time is None else arrival_time
+        self.num_requests_added += 1
         if params.n == 1:
             self.scheduler.add_request(self._sequence(request_id, text, token_ids, params, arrival))
             return
@@ -135,8 +137,10 @@ class LLMEngine:
         generator = None
         if params.seed is not None:
             generator = torch.Generator(device=self.device).manual_seed(params.seed)
-        return Sequence(request_id, text, token_ids, params, self.max_model_len, self.eos_token_ids, generator,
-                        arrival_time)
+        seq = Sequence(request_id, text, token_ids, params, self.max_model_len, self.eos_token_ids, generator,
+                       arrival_time)
+        seq.arrival_index = self.num_requests_added
+        return seq
 
     def abort_request(self, request_id: str) -> None:
         """Stops a request and frees its memory; a parallel sampling's id (or one of its completions')

@@ -100,7 +100,7 @@ class Scheduler:
         completions of a parallel sampling that waited for their prompt, engine/parallel_sampling.py)."""
         self.arrival_steps[seq.request_id] = self.num_steps
         at = len(self.waiting)
-        while in_arrival_order and at > 0 and self.waiting[at - 1].metrics.arrival_time > seq.metrics.arrival_time:
+        while in_arrival_order and at > 0 and self.waiting[at - 1].arrival_index > seq.arrival_index:
             at -= 1
         self.waiting.insert(at, seq)
 

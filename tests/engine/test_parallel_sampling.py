@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from minillm import LLM, SamplingParams
+from minillm.engine.trace import record
 from minillm.sampling_params import MAX_N, RequestOutputKind
 
 PROMPT = {"prompt_token_ids": [(7 * i + 3) % 900 + 5 for i in range(53)]}  # 3 full blocks of 16, and 5 tokens
@@ -73,6 +74,20 @@ def test_the_prompt_is_computed_once_and_its_blocks_shared():
     uncached.generate(PROMPT, SamplingParams(n=4, temperature=0, max_tokens=4), use_tqdm=False)
     assert sum(s.prefill_tokens for e in events for s in e.seqs) == 4 * 53
     assert [s.request_id for s in events[0].seqs] == ["0_0", "1_0", "2_0", "3_0"]  # none held back
+
+
+def test_completions_held_back_keep_their_place_in_the_queue():
+    """One sequence at a time: the second completion waits for the first's prompt, and is then queued
+    ahead of the request that arrived after theirs."""
+    llm = LLM("tiny", dtype="float32", max_model_len=160, max_num_seqs=1)
+    engine = llm.llm_engine
+    with record(llm) as trace:
+        engine.add_request("a", PROMPT, SamplingParams(n=2, max_tokens=3, ignore_eos=True))
+        engine.add_request("b", SHORT, SamplingParams(max_tokens=3, ignore_eos=True))
+        while engine.has_unfinished_requests():
+            engine.step()
+    order = [s.request_id for e in trace.events for s in e.seqs if s.prefill_tokens]
+    assert order == ["0_a", "1_a", "b"]
 
 
 @pytest.mark.parametrize("engine_args", [
