@@ -43,9 +43,9 @@ class ParentRequest:
     request_id: str
     children: list[Sequence]  # completion j is children[j]
     held: list[Sequence]  # children not yet in the scheduler's queue
-    running: set[int] = field(default_factory=set)  # completions not finished
-    finals: dict[int, CompletionOutput] = field(default_factory=dict)  # FINAL_ONLY: the finished ones
-    first_output: RequestOutput | None = None  # FINAL_ONLY: the first child's final output
+    running: set[int] = field(init=False)  # completions not finished
+    finals: dict[int, CompletionOutput] = field(init=False, default_factory=dict)  # FINAL_ONLY: the finished ones
+    first_output: RequestOutput | None = field(init=False, default=None)  # FINAL_ONLY: the first child's final one
 
     def __post_init__(self) -> None:
         self.running = set(range(len(self.children)))
