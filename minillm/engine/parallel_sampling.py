@@ -88,6 +88,8 @@ class ParallelSampling:
     def __init__(self) -> None:
         self.parents: dict[str, ParentRequest] = {}
         self.children: dict[str, tuple[ParentRequest, int]] = {}  # child request id -> (parent, index)
+        # The parents with children held back, in arrival order: all that each step's release looks at.
+        self.holding: dict[str, ParentRequest] = {}
 
     def knows(self, request_id: str) -> bool:
         return request_id in self.parents or request_id in self.children
@@ -97,6 +99,8 @@ class ParallelSampling:
         queued = 1 if share_prompt else len(children)
         parent = ParentRequest(request_id, children, held=children[queued:])
         self.parents[request_id] = parent
+        if parent.held:
+            self.holding[request_id] = parent
         for index, child in enumerate(children):
             self.children[child.request_id] = parent, index
         return children[:queued]
@@ -109,20 +113,21 @@ class ParallelSampling:
 
     def remove(self, parent: ParentRequest) -> None:
         del self.parents[parent.request_id]
+        self.holding.pop(parent.request_id, None)
         for child in parent.children:
             del self.children[child.request_id]
 
     def release(self) -> list[Sequence]:
         """The held children whose first sibling has computed the prompt (or left): to queue now."""
         released = []
-        for parent in self.parents.values():
-            if parent.held and parent.may_release():
-                released += parent.held
-                parent.held = []
+        for parent in [parent for parent in self.holding.values() if parent.may_release()]:
+            released += parent.held
+            parent.held = []
+            del self.holding[parent.request_id]
         return released
 
     def has_held(self) -> bool:
-        return any(parent.held for parent in self.parents.values())
+        return bool(self.holding)
 
     def merge(self, outputs: list[RequestOutput]) -> list[RequestOutput]:
         """A step's outputs with the children's turned into their parents' (and parents that finished forgotten)."""
