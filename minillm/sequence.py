@@ -49,9 +49,6 @@ class Sequence:
         self.prompt_logprobs: list[dict[int, Logprob] | None] | None = (
             [None] if params.prompt_logprobs is not None else None)
         self.metrics = RequestMetrics(arrival_time=arrival_time)
-        # The engine's count of requests added before this one's, shared by a request's n completions: the
-        # queue's order, kept without the clock so that the same workload is scheduled the same way.
-        self.arrival_index = 0
         # Incremental detokenisation window (see engine/output_processor.py); starting a few prompt tokens
         # back lets tokenizers that merge a leading space into the first word decode it correctly.
         self.prefix_offset = max(0, self.num_prompt_tokens - 5)

@@ -63,8 +63,13 @@ def _bench_paged(args) -> None:
                                              **engine_args)
     print(format_table(prefix_rows, PREFIX_COLUMNS))
     print(json.dumps(prefix))
+    burst_rows, burst = bench_prefix_cache(args.model, args.prefix_requests, args.prefix_len, 16, args.seed,
+                                           together=True, **engine_args)
+    print(format_table(burst_rows, PREFIX_COLUMNS))
+    print(json.dumps(burst))
     config = _bench_config(args)
-    write_json(args.out, "paged", config, memory_rows + prefix_rows, {"memory": memory, "prefix_cache": prefix})
+    write_json(args.out, "paged", config, memory_rows + prefix_rows + burst_rows,
+               {"memory": memory, "prefix_cache": prefix, "prefix_cache_burst": burst})
     print(f"wrote {args.out}")
 
 

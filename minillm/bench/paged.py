@@ -6,7 +6,8 @@
 2. Capacity: both caches get the same fixed KV budget; how many sequences run at once while
    requests wait for memory, and how many steps the workload takes.
 3. Prefix caching: requests sharing a long prompt prefix (a system prompt); prefill tokens actually
-   computed and time to first token, with prefix caching on and off.
+   computed and time to first token, with prefix caching on and off: once with the prefix already in
+   the cache, once with all the requests arriving together at an empty cache (a burst).
 
 The workload imitates code completion: prompts cut from held-out source, a generous cap on new
 tokens (max_tokens), and completions that end earlier, at the end of a line once a drawn minimum
@@ -31,9 +32,10 @@ MEMORY_COLUMNS = [("cache", "cache"), ("kv_used_over_reserved", "KV used / reser
                   ("peak_reserved_tokens", "peak reserved tokens"),
                   ("running_under_backlog", "running (queue not empty)"), ("peak_running", "peak running"),
                   ("preemptions", "preemptions"), ("steps", "steps"), ("same_tokens", "same tokens")]
-PREFIX_COLUMNS = [("prefix_caching", "prefix caching"), ("prefill_tokens", "prefill tokens computed"),
-                  ("cached_tokens", "prefix-hit tokens"), ("ttft_p50_ms", "TTFT p50 ms"),
-                  ("ttft_mean_ms", "TTFT mean ms"), ("seconds", "seconds"), ("same_tokens", "same tokens")]
+PREFIX_COLUMNS = [("arrival", "arrival"), ("prefix_caching", "prefix caching"),
+                  ("prefill_tokens", "prefill tokens computed"), ("cached_tokens", "prefix-hit tokens"),
+                  ("ttft_p50_ms", "TTFT p50 ms"), ("ttft_mean_ms", "TTFT mean ms"), ("seconds", "seconds"),
+                  ("same_tokens", "same tokens")]
 
 
 def mixed_workload(token_ids: list[int], num_requests: int, max_tokens: int, seed: int = 0
@@ -107,13 +109,17 @@ def bench_memory(model: str, num_requests: int, max_tokens: int, budget_blocks: 
 
 
 def bench_prefix_cache(model: str, num_requests: int, prefix_len: int, max_tokens: int, seed: int, rounds: int = 1,
-                       **engine_args) -> tuple[list[dict], dict]:
+                       together: bool = False, **engine_args) -> tuple[list[dict], dict]:
     """One request arrives first and leaves its prompt in the cache; the others then arrive
     together. Each prompt is the shared prefix plus a suffix of its own (8 to 32 tokens). The group
     arrives `rounds` times, with new suffixes each time, at the engine without the cache and the one
     with it by turns: the requests of a group get their first tokens in one step, so a round is one
     sample of that step's time, and where the step takes a few milliseconds one sample is at the
-    mercy of whatever else the machine does."""
+    mercy of whatever else the machine does.
+
+    together: no request goes first; all num_requests arrive together at an empty cache every round
+    (a burst): the prefix is shared only if the step that computes it for one request shares it with
+    the others (engine/scheduler.py)."""
     rng = random.Random(seed)
     engines = {caching: LLM(model, enable_prefix_caching=caching, **engine_args) for caching in (False, True)}
     text = eval_token_ids(engines[False].get_tokenizer())
@@ -124,12 +130,17 @@ def bench_prefix_cache(model: str, num_requests: int, prefix_len: int, max_token
         spans = [(rng.randrange(len(text) - 32), rng.randint(8, 32)) for _ in range(size)]
         return [prefix + text[s:s + n] for s, n in spans]
 
-    first, groups = group(1), [group(num_requests - 1) for _ in range(rounds)]
+    if together:
+        first, groups = [], [group(num_requests) for _ in range(rounds)]
+    else:
+        first, groups = group(1), [group(num_requests - 1) for _ in range(rounds)]
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     stats = {caching: {"ttft": [], "tokens": [], "prefill": 0, "cached": 0, "seconds": 0.0} for caching in engines}
 
     def serve(caching: bool, prompts: list[list[int]], timed: bool) -> None:
         llm, stat = engines[caching], stats[caching]
+        if together:
+            llm.llm_engine.block_manager.reset()  # an empty cache: nothing left from the round before
         begin = time.perf_counter()
         with record(llm) as trace:
             outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
@@ -140,12 +151,13 @@ def bench_prefix_cache(model: str, num_requests: int, prefix_len: int, max_token
         if timed:
             stat["ttft"] += [(o.metrics.first_token_time - o.metrics.arrival_time) * 1000 for o in outs]
 
-    for caching in engines:
+    for caching in engines if first else ():
         serve(caching, first, timed=False)
     for prompts in groups:
         for caching in engines:
             serve(caching, prompts, timed=True)
-    rows = [{"prefix_caching": "on" if caching else "off", "prefill_tokens": stat["prefill"],
+    arrival = "all together" if together else "after the first"
+    rows = [{"arrival": arrival, "prefix_caching": "on" if caching else "off", "prefill_tokens": stat["prefill"],
              "cached_tokens": stat["cached"], "ttft_p50_ms": statistics.median(stat["ttft"]),
              "ttft_mean_ms": statistics.fmean(stat["ttft"]), "seconds": stat["seconds"],
              "same_tokens": stat["tokens"] == stats[False]["tokens"]} for caching, stat in stats.items()]
@@ -153,5 +165,5 @@ def bench_prefix_cache(model: str, num_requests: int, prefix_len: int, max_token
     summary = {"prefill_tokens_saved": 1 - on["prefill_tokens"] / off["prefill_tokens"],
                "ttft_p50_speedup": off["ttft_p50_ms"] / on["ttft_p50_ms"],
                "all_outputs_identical": all(r["same_tokens"] for r in rows),
-               "num_requests": num_requests, "prefix_len": prefix_len, "rounds": rounds}
+               "num_requests": num_requests, "prefix_len": prefix_len, "rounds": rounds, "together": together}
     return rows, summary

@@ -92,7 +92,6 @@ class LLMEngine:
         self.output_processor = OutputProcessor(self.tokenizer)
         self.scheduler = Scheduler(config.scheduler, kv)
         self.parallel_sampling = ParallelSampling()  # requests with SamplingParams.n > 1
-        self.num_requests_added = 0  # each request's arrival_index (sequence.py)
         self.step_listeners: list[Callable[[StepEvent], None]] = []  # see engine/trace.py
         self.num_steps = 0
         self._in_flight: InFlightStep | None = None  # async_scheduling: the step queued last, not yet read
@@ -122,14 +121,12 @@ class LLMEngine:
                                  f"request_id {request_id!r} with n={params.n} names its completions "
                                  f"{ids[0]!r} to {ids[-1]!r}, and {taken!r} is already in the engine")
         arrival = time.time() if arrival_time is None else arrival_time
-        self.num_requests_added += 1
         if params.n == 1:
             self.scheduler.add_request(self._sequence(request_id, text, token_ids, params, arrival))
             return
         children = [self._sequence(rid, text, token_ids, child_params(params, j), arrival) for j, rid in enumerate(ids)]
-        bm = self.block_manager  # the completions share the prompt's full blocks through the prefix cache
-        share = bm is not None and bm.enable_prefix_caching and len(token_ids) > bm.block_size
-        for child in self.parallel_sampling.add(request_id, children, share_prompt=share):
+        self.parallel_sampling.add(request_id, children)
+        for child in children:  # in order: the first computes the prompt, the others share its blocks
             self.scheduler.add_request(child)
 
     def _sequence(self, request_id: str, text: str | None, token_ids: list[int], params: SamplingParams,
@@ -137,10 +134,8 @@ class LLMEngine:
         generator = None
         if params.seed is not None:
             generator = torch.Generator(device=self.device).manual_seed(params.seed)
-        seq = Sequence(request_id, text, token_ids, params, self.max_model_len, self.eos_token_ids, generator,
-                       arrival_time)
-        seq.arrival_index = self.num_requests_added
-        return seq
+        return Sequence(request_id, text, token_ids, params, self.max_model_len, self.eos_token_ids, generator,
+                        arrival_time)
 
     def abort_request(self, request_id: str) -> None:
         """Stops a request and frees its memory; a parallel sampling's id (or one of its completions')
@@ -156,7 +151,7 @@ class LLMEngine:
                 self.counters.request_success["abort"] += 1
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished_requests() or self.parallel_sampling.has_held()
+        return self.scheduler.has_unfinished_requests()
 
     def step(self) -> list[RequestOutput]:
         """One iteration: schedule; queue the model's step on the device; then read a step's tokens: the
@@ -169,22 +164,27 @@ class LLMEngine:
         The outputs of a request's n completions come back as the request's (engine/parallel_sampling.py)."""
         previous, self._in_flight = self._in_flight, None
         with placeholders(previous):
-            queued = self._queue(self.scheduler.schedule(), previous)
+            queued = self._schedule_and_queue(previous)
         outputs = [] if previous is None else self._finish(previous)
         if queued is not None and self._may_stay_in_flight(queued.batch):
             self._in_flight = queued
         elif queued is not None:
             outputs += self._finish(queued)
-        for seq in self.parallel_sampling.release():  # completions whose prompt is now in the prefix cache
-            self.scheduler.add_request(seq, in_arrival_order=True)
         return self.parallel_sampling.merge(outputs)
 
-    def _queue(self, batch: ScheduledBatch, previous: InFlightStep | None) -> InFlightStep | None:
-        """The batch's step queued on the device (None for an empty batch), behind `previous` if given."""
-        if not batch.seqs:
-            return None
-        states = self._seq_states(batch) if self.step_listeners else None
-        return InFlightStep(batch, self.model_runner.execute_model(batch, previous and previous.output), states)
+    def _schedule_and_queue(self, previous: InFlightStep | None) -> InFlightStep | None:
+        """The next step scheduled and queued on the device (None for an empty batch), behind `previous`
+        if given. If that fails (an error, or Ctrl-C in a notebook), the prompt blocks the scheduler put
+        in the prefix cache for it hold no K/V, and leave the cache."""
+        try:
+            batch = self.scheduler.schedule()
+            if not batch.seqs:
+                return None
+            states = self._seq_states(batch) if self.step_listeners else None
+            return InFlightStep(batch, self.model_runner.execute_model(batch, previous and previous.output), states)
+        except BaseException:
+            self.scheduler.forget_uncomputed_blocks()
+            raise
 
     def _may_stay_in_flight(self, batch: ScheduledBatch) -> bool:
         """Whether the next step may be queued before this one's tokens are read (async_scheduling): not

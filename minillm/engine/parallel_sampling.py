@@ -9,13 +9,12 @@ saying which completion it is: streamed, each child's output as it comes, the Re
 `finished` once the last child is; otherwise one RequestOutput holding all n, in order, when the
 last one finishes.
 
-The prompt is computed once. The first child goes into the queue at once and the others are held
-back until it has computed the prompt: they then find its full blocks in the prefix cache (chapter
-02) and compute only the rest of its last block. vLLM v1 shares the blocks within the same step
-instead, because its scheduler registers a block in the prefix cache when it schedules the block's
-tokens; minillm registers a block once its step has computed it (kv/block_manager.py), so the other
-children start a step later. Without prefix caching, or a prompt shorter than a block, there is
-nothing to share, and every child goes into the queue at once.
+The prompt is computed once. The children go into the queue together, in order; the first one
+admitted computes the prompt, and the scheduler puts the prompt's full blocks in the prefix cache as
+it schedules them (engine/scheduler.py), so the others, admitted after it in the same step, find
+them there (chapter 02) and compute only the prompt's last block, as in vLLM v1. Without prefix
+caching, or with a prompt shorter than a block, there is nothing to share, and each child computes
+the whole prompt.
 """
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ from dataclasses import dataclass, field
 
 from minillm.outputs import CompletionOutput, Logprob, RequestOutput
 from minillm.sampling_params import RequestOutputKind, SamplingParams
-from minillm.sequence import Sequence, SequenceStatus
+from minillm.sequence import Sequence
 
 
 def child_request_id(index: int, request_id: str) -> str:
@@ -42,7 +41,6 @@ def child_params(params: SamplingParams, index: int) -> SamplingParams:
 class ParentRequest:
     request_id: str
     children: list[Sequence]  # completion j is children[j]
-    held: list[Sequence]  # children not yet in the scheduler's queue
     running: set[int] = field(init=False)  # completions not finished
     finals: dict[int, CompletionOutput] = field(init=False, default_factory=dict)  # FINAL_ONLY: the finished ones
     first_output: RequestOutput | None = field(init=False, default=None)  # FINAL_ONLY: the first child's final one
@@ -53,12 +51,6 @@ class ParentRequest:
     @property
     def first(self) -> Sequence:
         return self.children[0]
-
-    def may_release(self) -> bool:
-        """Whether the held children may go into the queue: the first child has computed its prompt
-        (whose full blocks are then in the prefix cache), or will not (it finished, or was aborted)."""
-        first = self.first
-        return first.status is SequenceStatus.FINISHED or first.num_computed_tokens >= first.num_prompt_tokens
 
     def prompt_logprobs(self) -> list[dict[int, Logprob] | None] | None:
         """The prompt's scores, which the first child computes for all, once it has them all."""
@@ -88,22 +80,15 @@ class ParallelSampling:
     def __init__(self) -> None:
         self.parents: dict[str, ParentRequest] = {}
         self.children: dict[str, tuple[ParentRequest, int]] = {}  # child request id -> (parent, index)
-        # The parents with children held back, in arrival order: all that each step's release looks at.
-        self.holding: dict[str, ParentRequest] = {}
 
     def knows(self, request_id: str) -> bool:
         return request_id in self.parents or request_id in self.children
 
-    def add(self, request_id: str, children: list[Sequence], share_prompt: bool) -> list[Sequence]:
-        """Keeps the parent; returns the children to queue now (the first alone when they share its prompt)."""
-        queued = 1 if share_prompt else len(children)
-        parent = ParentRequest(request_id, children, held=children[queued:])
+    def add(self, request_id: str, children: list[Sequence]) -> None:
+        parent = ParentRequest(request_id, children)
         self.parents[request_id] = parent
-        if parent.held:
-            self.holding[request_id] = parent
         for index, child in enumerate(children):
             self.children[child.request_id] = parent, index
-        return children[:queued]
 
     def parent_of(self, request_id: str) -> ParentRequest | None:
         """The parent of a parent's or child's id; None for a request of one completion."""
@@ -113,21 +98,8 @@ class ParallelSampling:
 
     def remove(self, parent: ParentRequest) -> None:
         del self.parents[parent.request_id]
-        self.holding.pop(parent.request_id, None)
         for child in parent.children:
             del self.children[child.request_id]
-
-    def release(self) -> list[Sequence]:
-        """The held children whose first sibling has computed the prompt (or left): to queue now."""
-        released = []
-        for parent in [parent for parent in self.holding.values() if parent.may_release()]:
-            released += parent.held
-            parent.held = []
-            del self.holding[parent.request_id]
-        return released
-
-    def has_held(self) -> bool:
-        return bool(self.holding)
 
     def merge(self, outputs: list[RequestOutput]) -> list[RequestOutput]:
         """A step's outputs with the children's turned into their parents' (and parents that finished forgotten)."""

@@ -21,6 +21,19 @@ With speculative decoding (`num_lookahead_slots` = k), a decode also reserves ca
 for the k draft tokens the step will verify; `update` keeps the K/V of the drafts the target accepted
 and gives back the blocks that only held rejected ones.
 
+Prefix caching within a step: a prompt's full blocks go into the prefix cache as soon as a sequence
+is added to a batch that computes them (vLLM v1 caches a block when it allocates its slots), so a
+request admitted after it in the same step hits them and computes only the rest of its prompt: n
+completions of one prompt, or a burst of requests sharing a system prompt, compute it once in their
+first step. It is correct because every layer of a step stores the K/V of all its tokens before any
+attention reads them (attention/paged.py). It is safe because a registered block is always computed:
+a sequence added to a batch is never preempted later in the same pass (only a decode that needs a
+block preempts, decodes come before prompts, and the victim is the newest running sequence, which
+the pass has not reached yet), and a scheduled step runs; if it fails instead, the engine takes the
+blocks back out of the cache (`forget_uncomputed_blocks`). Blocks of generated tokens are registered
+once computed: under async scheduling the newest token is still a placeholder when the next step is
+scheduled, and a speculative step's drafts may be rejected.
+
 Which tokens a step gives each sequence, and whether it stops there, is not decided here: in the
 engine's step the output processor appends the tokens and decides the stops, once, and `update` then
 follows what it decided (the cache advanced, finished sequences freed).
@@ -49,6 +62,9 @@ class ScheduledBatch:
     do_sample: list[bool]
     # Draft tokens each sequence may verify this step (speculative decoding), counted in num_new_tokens.
     num_spec_tokens: list[int] = field(default_factory=list)
+    # Where a prompt's blocks are registered as they are scheduled (None: nowhere, for checks that
+    # schedule without a cache).
+    kv_cache_manager: KVCacheManager | None = None
 
     @property
     def num_batched_tokens(self) -> int:
@@ -61,6 +77,9 @@ class ScheduledBatch:
         self.num_new_tokens.append(num_new_tokens + num_spec_tokens)
         self.do_sample.append(seq.num_computed_tokens + num_new_tokens == seq.num_tokens)
         self.num_spec_tokens.append(num_spec_tokens)
+        if self.kv_cache_manager is not None:  # for a request admitted after it in this step (see above)
+            end = seq.num_computed_tokens + num_new_tokens
+            self.kv_cache_manager.cache_blocks(seq, min(end, seq.num_prompt_tokens))
         return num_new_tokens + num_spec_tokens
 
     def select(self, rows: list[int]) -> ScheduledBatch:
@@ -95,14 +114,9 @@ class Scheduler:
     def max_num_batched_tokens(self) -> int:
         return self.config.max_num_batched_tokens
 
-    def add_request(self, seq: Sequence, in_arrival_order: bool = False) -> None:
-        """At the back of the queue; in_arrival_order: behind only those that arrived before it (the
-        completions of a parallel sampling that waited for their prompt, engine/parallel_sampling.py)."""
+    def add_request(self, seq: Sequence) -> None:
         self.arrival_steps[seq.request_id] = self.num_steps
-        at = len(self.waiting)
-        while in_arrival_order and at > 0 and self.waiting[at - 1].arrival_index > seq.arrival_index:
-            at -= 1
-        self.waiting.insert(at, seq)
+        self.waiting.append(seq)
 
     def steps_waited(self, seq: Sequence) -> int:
         """Steps scheduled since seq arrived: its age on the step clock, for a scheduling policy that
@@ -113,7 +127,7 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def schedule(self) -> ScheduledBatch:
-        batch = ScheduledBatch([], [], [], [])
+        batch = ScheduledBatch([], [], [], [], kv_cache_manager=self.kv_cache_manager)
         budget = self.policy.token_budget(self)
         # Decodes first, then prompts still being prefilled (vLLM's chunked-prefill policy): a long
         # prompt's chunk takes what the decodes leave, so a small budget never stalls them.
@@ -192,6 +206,12 @@ class Scheduler:
                 self.finish(seq)
             elif lookahead:
                 self.kv_cache_manager.truncate(seq)  # blocks that held only rejected drafts
+
+    def forget_uncomputed_blocks(self) -> None:
+        """The step just scheduled will not run (it failed, or was interrupted): the prompt blocks it
+        registered hold no K/V, and leave the prefix cache."""
+        for seq in self.running:
+            self.kv_cache_manager.forget_uncomputed(seq)
 
     def preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)

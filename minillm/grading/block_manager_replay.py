@@ -75,8 +75,8 @@ ALLOCATE_HINTS = {
     "free": "a hit on a free block (ref_count 0) leaves the free list as surely as a fresh block does; a block "
             "another sequence holds is not on it. Take the hits before appending fresh blocks: append_slots "
             "evicts from the front of the free list, and under pressure that may be a block you meant to reuse",
-    "cached": "allocate registers nothing: a block enters the prefix cache once its K/V are computed "
-              "(cache_full_blocks does that after the step); and fresh blocks are evicted by append_slots",
+    "cached": "allocate registers nothing: a block enters the prefix cache when the scheduler gives a step its "
+              "tokens to compute (cache_full_blocks does that); and fresh blocks are evicted by append_slots",
     "computed": "the hit blocks' K/V are in the cache already, so they count as computed: num_computed_tokens "
                 "counts their tokens (tokens, not blocks); the rest is still to compute",
     "hashes": "seq.block_hashes lists, in order, the hashes of the sequence's leading blocks that are in the "

@@ -128,10 +128,13 @@ class BlockManager:
             self._take(block_id)
             seq.block_table.append(block_id)
 
-    def cache_full_blocks(self, seq: Sequence) -> None:
-        """Register the blocks that the last step filled, so that later requests can hit them."""
+    def cache_full_blocks(self, seq: Sequence, num_tokens: int | None = None) -> None:
+        """Register the full blocks among seq's first num_tokens tokens (default: those computed), so
+        that later requests can hit them. The scheduler registers a prompt's blocks as it schedules
+        them, before they are computed (scheduler.py says why that is safe); a block of generated
+        tokens is registered once a step has computed it."""
         hashes = seq.block_hashes
-        num_full = seq.num_computed_tokens // self.block_size
+        num_full = (seq.num_computed_tokens if num_tokens is None else num_tokens) // self.block_size
         while self.enable_prefix_caching and len(hashes) < num_full:
             i = len(hashes)
             tokens = tuple(seq.token_ids[i * self.block_size:(i + 1) * self.block_size])
@@ -142,6 +145,15 @@ class BlockManager:
             if block_hash not in self.cached_block_ids and block.block_hash is None:
                 block.block_hash, block.token_ids = block_hash, tokens
                 self.cached_block_ids[block_hash] = block.block_id
+
+    def forget_uncomputed(self, seq: Sequence) -> None:
+        """Take out of the prefix cache the blocks of seq registered for a step that will not compute
+        them (it failed, or was interrupted): they hold no K/V, and a hit on them would read garbage."""
+        keep = seq.num_computed_tokens // self.block_size
+        for block_id, block_hash in zip(seq.block_table[keep:], seq.block_hashes[keep:]):
+            if self.cached_block_ids.get(block_hash) == block_id:
+                self.evict(block_id)
+        del seq.block_hashes[keep:]
 
     def free(self, seq: Sequence) -> None:
         """Return a sequence's blocks. Its tail goes back first, so under pressure the pool evicts

@@ -57,6 +57,13 @@ class KVCacheManager:
         """A step computed num_tokens more of seq's tokens, all of them final: the cache holds them now."""
         seq.num_computed_tokens += num_tokens
 
+    def cache_blocks(self, seq: Sequence, num_tokens: int) -> None:
+        """A step is to compute seq's tokens up to num_tokens, all of them known: a cache that shares
+        prefixes lets requests scheduled after it find them (prefix caching)."""
+
+    def forget_uncomputed(self, seq: Sequence) -> None:
+        """Undo cache_blocks for what seq has not computed: the step that was to compute it will not run."""
+
     def truncate(self, seq: Sequence) -> None:
         """Give back room reserved past seq's tokens (lookahead slots of rejected drafts)."""
 
@@ -121,6 +128,12 @@ class PagedKVCacheManager(KVCacheManager):
     def mark_computed(self, seq: Sequence, num_tokens: int) -> None:
         seq.num_computed_tokens += num_tokens
         self.block_manager.cache_full_blocks(seq)
+
+    def cache_blocks(self, seq: Sequence, num_tokens: int) -> None:
+        self.block_manager.cache_full_blocks(seq, num_tokens)
+
+    def forget_uncomputed(self, seq: Sequence) -> None:
+        self.block_manager.forget_uncomputed(seq)
 
     def truncate(self, seq: Sequence) -> None:
         self.block_manager.truncate(seq, seq.num_tokens)

@@ -50,6 +50,26 @@ def test_blocks_follow_length_and_return_on_free():
     assert bm.num_free_blocks == 8 and seq.block_table == []
 
 
+def test_blocks_registered_as_scheduled_are_hits_at_once_and_forgotten_if_never_computed():
+    """The scheduler registers the blocks a step is to compute: a sequence allocated after that finds
+    them at once. If the step never runs, only the blocks no step computed leave the cache."""
+    bm = BlockManager(num_blocks=16, block_size=4)
+    first = make_seq("a", list(range(13)))
+    bm.allocate(first)
+    first.num_computed_tokens = 4  # a step before computed the first block
+    bm.cache_full_blocks(first)
+    bm.cache_full_blocks(first, 12)  # this step is to compute up to token 12: blocks 2 and 3 too
+    assert bm.num_cached_blocks == 3 and first.num_computed_tokens == 4
+    second = make_seq("b", list(range(12)) + [99])
+    assert bm.allocate(second) == 12 and second.block_table[:3] == first.block_table[:3]
+    bm.forget_uncomputed(first)  # the step failed
+    assert list(bm.cached_block_ids.values()) == [first.block_table[0]] and first.block_hashes == \
+        [bm.blocks[first.block_table[0]].block_hash]
+    bm.free(second)
+    third = make_seq("c", list(range(12)) + [99])
+    assert bm.allocate(third) == 4  # the computed block only
+
+
 def test_prefix_hit_shares_blocks_and_recomputes_the_last_token():
     bm = BlockManager(num_blocks=16, block_size=4)
     first = make_seq("a", list(range(10)))

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from minillm import LLM, SamplingParams
+from minillm.engine.trace import record
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
 # float32 throughout, so that greedy comparisons hold on a GPU too (where "auto" is the model's bf16).
@@ -65,6 +66,46 @@ def test_backends_and_prefix_caching_give_the_same_tokens(backend, caching, refe
         assert hits[0] >= 32 and hits[0] % 16 == 0 and hits == [hits[0], hits[0], 0]
     else:
         assert hits == [0, 0, 0]
+    assert_no_blocks_held(llm)
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_requests_arriving_together_share_their_prefix_in_their_first_step(backend, reference_tokens):
+    """The first request's prompt blocks enter the prefix cache as it is scheduled, so the two after it,
+    admitted in the same step, hit the shared system prompt's blocks and read K/V that the same layer of
+    the same step has just stored."""
+    if backend == "triton":
+        pytest.importorskip("triton")
+    llm = LLM("tiny", attention_backend=backend, max_model_len=128, dtype="float32")
+    with record(llm) as trace:
+        outs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
+    assert token_ids(outs) == [reference_tokens[p] for p in PROMPTS]
+    first_step = {s.request_id: s for s in trace.events[0].seqs}
+    assert len(first_step) == len(PROMPTS), "the four prompts were meant to fit one step"
+    hits = [o.num_cached_tokens for o in outs]
+    assert hits[1] >= 32 and hits == [0, hits[1], hits[1], 0]
+    computed = sum(s.prefill_tokens for s in first_step.values())
+    assert computed == sum(len(o.prompt_token_ids) for o in outs) - 2 * hits[1]
+    assert_no_blocks_held(llm)
+
+
+@pytest.mark.parametrize("failure", [RuntimeError, KeyboardInterrupt])
+def test_a_step_that_fails_leaves_no_uncomputed_block_in_the_prefix_cache(failure, monkeypatch, reference_tokens):
+    """A step's prompt blocks are registered as it is scheduled; if the step then fails (or Ctrl-C stops
+    it), they hold no K/V and must leave the cache, or the next request with that prompt reads garbage."""
+    llm = LLM("tiny", max_model_len=128, dtype="float32")
+    runner = llm.llm_engine.model_runner
+
+    def fails(*args, **kwargs):
+        raise failure("the step failed")
+
+    monkeypatch.setattr(runner, "execute_model", fails)
+    with pytest.raises(failure):
+        llm.generate(PROMPTS, GREEDY, use_tqdm=False)
+    blocks = llm.llm_engine.block_manager
+    assert blocks.num_cached_blocks == 0
+    monkeypatch.undo()
+    assert token_ids(llm.generate(PROMPTS, GREEDY, use_tqdm=False)) == [reference_tokens[p] for p in PROMPTS]
     assert_no_blocks_held(llm)
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import pytest
 
 from minillm import LLM, SamplingParams
-from minillm.engine.trace import record
 from minillm.sampling_params import MAX_N, RequestOutputKind
 
 PROMPT = {"prompt_token_ids": [(7 * i + 3) % 900 + 5 for i in range(53)]}  # 3 full blocks of 16, and 5 tokens
@@ -56,13 +55,16 @@ def prefix_cache_hits(llm: LLM) -> int:
 
 
 def test_the_prompt_is_computed_once_and_its_blocks_shared():
-    """The first completion computes the prompt; the other three find its 3 full blocks in the cache
-    (48 tokens each) and compute only the 5 after them; with prefix caching off, all four compute it."""
+    """The first completion computes the prompt; the other three, in the same step, find its 3 full
+    blocks in the cache (48 tokens each) and compute only the 5 after them; with prefix caching off,
+    all four compute it."""
     events = []
     llm = LLM("tiny", dtype="float32", max_model_len=160, block_size=16)
     llm.llm_engine.step_listeners.append(events.append)
     llm.generate(PROMPT, SamplingParams(n=4, temperature=0, max_tokens=4), use_tqdm=False)
     assert prefix_cache_hits(llm) == 3 * 48
+    assert [(s.request_id, s.prefill_tokens) for s in events[0].seqs] == [("0_0", 53), ("1_0", 5), ("2_0", 5),
+                                                                          ("3_0", 5)]
     prefill = sum(s.prefill_tokens for e in events for s in e.seqs)
     assert prefill == 53 + 3 * 5
     pool = llm.llm_engine.block_manager
@@ -73,21 +75,7 @@ def test_the_prompt_is_computed_once_and_its_blocks_shared():
     uncached.llm_engine.step_listeners.append(events.append)
     uncached.generate(PROMPT, SamplingParams(n=4, temperature=0, max_tokens=4), use_tqdm=False)
     assert sum(s.prefill_tokens for e in events for s in e.seqs) == 4 * 53
-    assert [s.request_id for s in events[0].seqs] == ["0_0", "1_0", "2_0", "3_0"]  # none held back
-
-
-def test_completions_held_back_keep_their_place_in_the_queue():
-    """One sequence at a time: the second completion waits for the first's prompt, and is then queued
-    ahead of the request that arrived after theirs."""
-    llm = LLM("tiny", dtype="float32", max_model_len=160, max_num_seqs=1)
-    engine = llm.llm_engine
-    with record(llm) as trace:
-        engine.add_request("a", PROMPT, SamplingParams(n=2, max_tokens=3, ignore_eos=True))
-        engine.add_request("b", SHORT, SamplingParams(max_tokens=3, ignore_eos=True))
-        while engine.has_unfinished_requests():
-            engine.step()
-    order = [s.request_id for e in trace.events for s in e.seqs if s.prefill_tokens]
-    assert order == ["0_a", "1_a", "b"]
+    assert [s.request_id for s in events[0].seqs] == ["0_0", "1_0", "2_0", "3_0"]
 
 
 @pytest.mark.parametrize("engine_args", [
@@ -141,7 +129,7 @@ def test_the_prompt_scores_come_with_the_whole_output(llm):
 
 @pytest.mark.parametrize("steps", [0, 1, 3])
 def test_aborting_the_request_stops_every_completion_and_frees_its_blocks(llm, steps):
-    """After 0 steps every completion but the first is held back; after 1 they have just been queued."""
+    """Before any step, all four completions wait; after 1, they have computed the prompt; after 3, they decode."""
     engine = llm.llm_engine
     engine.add_request("a", PROMPT, SamplingParams(n=4, max_tokens=50, ignore_eos=True,
                                                    output_kind=RequestOutputKind.FINAL_ONLY))

@@ -163,8 +163,11 @@ def test_update_takes_several_tokens_and_cuts_them_where_plain_decoding_stops():
     for seq in (stops, short, runs):
         scheduler.add_request(seq)
     batch = scheduler.schedule()
-    outputs = finish_step(scheduler, batch, ModelRunnerOutput([[5, 7, 8], [6, 6, 6, 6, 6], [3, 3]]))
-    assert [out.request_id for out in outputs] == ["stops", "short", "runs"]
+    # short found the block its prompt shares with stops' in the prefix cache, registered as stops was
+    # scheduled a moment earlier: it computes one token, and runs first, with the single tokens.
+    assert batch.seqs == [short, stops, runs] and batch.num_new_tokens == [1, 5, 2] and short.num_cached_tokens == 4
+    outputs = finish_step(scheduler, batch, ModelRunnerOutput([[6, 6, 6, 6, 6], [5, 7, 8], [3, 3]]))
+    assert [out.request_id for out in outputs] == ["short", "stops", "runs"]
     assert (stops.output_token_ids, stops.finish_reason, stops.stop_reason) == ([5, 7], "stop", 7)
     assert (short.output_token_ids, short.finish_reason) == ([6, 6, 6], "length")
     assert (runs.output_token_ids, runs.finish_reason, runs.num_computed_tokens) == ([3, 3], None, 2)

@@ -450,7 +450,10 @@ def test_echo_scores_a_continuation_as_lm_evaluation_harness_reads_it(server, re
     prompt_only = httpx.post(server.base_url + "/completions", json={**body, "max_tokens": 0}, timeout=30).json()
     assert prompt_only["usage"]["completion_tokens"] == 0
     first = min(prompt_only["choices"], key=lambda c: c["index"])
-    assert first["logprobs"]["token_logprobs"] == choices[0]["logprobs"]["token_logprobs"][:-1]
+    # The same scores, within fp32 rounding: the server adds a request's prompts one by one, so they may
+    # share a step in one request and not in the other, and a different batch rounds differently.
+    scored, again = first["logprobs"]["token_logprobs"], choices[0]["logprobs"]["token_logprobs"][:-1]
+    assert scored[0] is None is again[0] and scored[1:] == pytest.approx(again[1:], abs=1e-4)
     assert first["text"] == tokenizer.decode(context + continuation)
 
 
