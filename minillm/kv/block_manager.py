@@ -182,7 +182,8 @@ class BlockManager:
         block.ref_count += 1
 
     def evict(self, block_id: int) -> None:
-        """Forget the cached prefix a free block holds (if any), before the block is reused."""
+        """Forget the cached prefix a block holds (if any): a free block's before it is reused, or one
+        whose K/V were never computed (forget_uncomputed)."""
         block = self.blocks[block_id]
         if block.block_hash is not None:
             del self.cached_block_ids[block.block_hash]

@@ -41,14 +41,14 @@ def policy(solution):
 
 
 def admit_with(take_tokens=None, limit_slots=True, stop_at_head=True, spend=True, after_preemption=False,
-               limit_budget=True):
+               limit_budget=True, allocate=True):
     """The solution's loop with one rule broken."""
     def admit(scheduler, batch, budget):
         for seq in list(scheduler.waiting):
             if (limit_budget and budget <= 0) or (limit_slots and len(scheduler.running) >= scheduler.max_num_seqs) or (
                     batch.preempted and not after_preemption):
                 break
-            if not scheduler.allocate(seq):
+            if allocate and not scheduler.allocate(seq):
                 if stop_at_head:
                     break
                 continue
@@ -74,8 +74,9 @@ def test_checks_pass_on_the_solution_and_on_the_rules_restated(admit, capsys):
     (admit_with(stop_at_head=False), "admitted ahead of its turn"),
     (admit_with(after_preemption=True), "this step preempted a sequence, and then admitted"),
     (lambda scheduler, batch, budget: None, "expected: .*(?s:.*)allocate"),
+    (admit_with(allocate=False), "expected: .*(?s:.*)needs KV memory first"),
 ], ids=["no-chunking", "budget-not-spent", "no-slot-limit", "no-budget-left", "overtakes-the-head",
-        "admits-after-preemption", "admits-nothing"])
+        "admits-after-preemption", "admits-nothing", "no-memory"])
 def test_checks_name_the_mistake(wrong, message):
     with pytest.raises(CheckFailed, match=message):
         check_admit(wrong)
