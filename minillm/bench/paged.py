@@ -151,8 +151,9 @@ def bench_prefix_cache(model: str, num_requests: int, prefix_len: int, max_token
         if timed:
             stat["ttft"] += [(o.metrics.first_token_time - o.metrics.arrival_time) * 1000 for o in outs]
 
-    for caching in engines if first else ():
-        serve(caching, first, timed=False)
+    if first:  # to both engines alike; the one with prefix caching keeps the prefix in its cache
+        for caching in engines:
+            serve(caching, first, timed=False)
     for prompts in groups:
         for caching in engines:
             serve(caching, prompts, timed=True)

@@ -34,10 +34,6 @@ class ModelInput:
     def num_seqs(self) -> int:
         return len(self.num_logits)
 
-    @property
-    def num_prompt_logits(self) -> list[int]:
-        return [len(tokens) for tokens in self.prompt_scored]
-
 
 def build_model_input(seqs: list[Sequence], start_pos: list[int], token_ids: list[list[int]],
                       num_logits: list[int], attn_backend: AttentionBackend, buffers: InputBuffers,

@@ -151,7 +151,7 @@ class ModelRunner:
                model_input: ModelInput) -> AsyncModelRunnerOutput:
         """Tokens from logits, queued on the device; `get_output()` reads them."""
         num_logits, prompt_logprobs = model_input.num_logits, []
-        if logits is not None and any(model_input.num_prompt_logits):
+        if logits is not None and any(model_input.prompt_scored):
             logits, num_logits, prompt_logprobs = score_prompts(logits, seqs, model_input)
         sampled = None
         if sum(num_logits):

@@ -76,7 +76,7 @@ def test_prompt_logprobs_match_a_full_forward_pass(model, feature):
         runner.capture_cuda_graphs(capture=False)
         execute = runner.execute
         runner.execute = lambda model_input: padded_scoring.append(
-            model_input.batch is not None and any(model_input.num_prompt_logits)) or execute(model_input)
+            model_input.batch is not None and any(model_input.prompt_scored)) or execute(model_input)
     if feature == "async scheduling":  # watched without a step listener, which turns async scheduling off
         may_stay = engine._may_stay_in_flight
         engine._may_stay_in_flight = lambda batch: in_flight.append(may_stay(batch)) or in_flight[-1]

@@ -3,9 +3,8 @@ speculation by n-gram or draft model, a pool small enough to preempt) and the ca
 lengths, one or two completions, arrival delays; some leave after a few tokens, some are cancelled
 before their first). Every completion of a caller that stays must get the greedy tokens its prompt
 gets alone, every one of a caller that leaves a prefix of them; afterwards the engine holds no
-request, no stream and no block, and still serves. The engine
-thread and the callers' event loop interleave differently from run to run: whatever the order,
-these must hold."""
+request, no stream and no block, and still serves. The engine thread and the callers' event loop
+interleave differently from run to run: whatever the order, these must hold."""
 
 from __future__ import annotations
 
