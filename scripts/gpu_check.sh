@@ -11,9 +11,9 @@
 #   GPU_CHECK_STEPS="tests notebooks" scripts/gpu_check.sh OUTDIR   # a subset; tier1, tier2, tier3 name tiers
 #
 # A device call runs 10 minutes at most, so a loan is best spent on two: GPU_CHECK_STEPS="tier1 tier3"
-# (6 min 24 s to 7 min 14 s on an H100, 5 min 53 s on an H200, 2026-11-27, before step quant-sweep's
-# 40 s or so), then, while the machine is warm, GPU_CHECK_STEPS=tier2 (3 min 49 s; 2 min 26 s; its
-# tests alone 2 min 8 s on an H100).
+# (6 min 24 s to 7 min 14 s on an H100, 2026-11-27; 6 min 21 s on an H200, 2026-11-28, before step
+# decode-kernels), then, while the machine is warm, GPU_CHECK_STEPS=tier2 (3 min 49 s on an H100,
+# 2 min 22 s on an H200).
 #
 # Runs from a checkout with no install (the repo goes on PYTHONPATH), offline, on a machine with torch,
 # triton, transformers, safetensors, tokenizers and pytest. The notebooks and serving steps need the
@@ -38,7 +38,8 @@ SITE=/tmp/minillm-gpu-check-site
 SUMMARY="$OUTDIR/summary.md"
 # Tier 1, the targets of the open GPU work, timed alone; tier 2, correctness, its two steps side by
 # side; tier 3, serving.
-TIER1="env kernels attention decode spec throughput quant decode-int4 host host-pageable host-async host-spec quant-sweep"
+TIER1="env kernels attention decode spec throughput quant decode-int4 decode-kernels host host-pageable host-async"
+TIER1="$TIER1 host-spec quant-sweep"
 TIER2="tests notebooks"
 TIER3="serve"
 STEPS=${GPU_CHECK_STEPS:-$TIER1 $TIER2 $TIER3}
@@ -137,26 +138,26 @@ if [ $DRY = 0 ] && [ ! -f "$MODEL_DIR/tokenizer.json" ]; then
         --intermediate 5632 --vocab 32000 >"$OUTDIR/model.log" 2>&1 &
     MODEL_PID=$!
 fi
-step 1 kernels 25 $PY -m minillm.cli bench kernels --models tiny --kernels torch triton --out "$OUTDIR/kernels.json"
+step 1 kernels 20 $PY -m minillm.cli bench kernels --models tiny --kernels torch triton --out "$OUTDIR/kernels.json"
 # The ragged kernel at other tilings too, the H100's own (64 x 64 on 4 warps) beside them, and with
 # deeper pipelines (a fourth field: stages; the launcher's 2). At 3 stages Triton reads the block table
 # a tile further ahead; only from 5 are the K/V tiles copied two tiles ahead (BENCHMARKS.md, "Two tiles
 # ahead takes five stages"), in 3 buffers each: 64 x 64 then fills half an H100's shared memory, 64 x 32
 # under a third.
-step 1 attention 30 $PY -m minillm.cli bench attention --tilings 64x32x4 64x32x8 64x64x8 128x64x8 32x32x4 \
+step 1 attention 25 $PY -m minillm.cli bench attention --tilings 64x32x4 64x32x8 64x64x8 128x64x8 32x32x4 \
     128x64x4 128x32x4 128x128x8 64x64x4x3 64x64x4x5 64x32x4x5 128x64x8x5 --out "$OUTDIR/attention.json"
 [ -z "$MODEL_PID" ] || wait $MODEL_PID || echo "writing the 1.1B model failed: model.log"
 # The roofline of the 1.1B model (its graphs' capture time and memory among it) and its launch count;
 # then batch-1 decode of a Llama-2-7B shape, graphed, its random weights made on the GPU (nothing read
 # from disk: load_format="dummy"), against the copy and read-only bandwidths.
-step 1 decode 80 bash -c "$PY -m minillm.cli bench decode --model $MODEL_DIR --dtype bfloat16 \
+step 1 decode 70 bash -c "$PY -m minillm.cli bench decode --model $MODEL_DIR --dtype bfloat16 \
     --out $OUTDIR/decode.json && $PY -m minillm.cli bench kernels --models $MODEL_DIR --dtype bfloat16 \
     --out $OUTDIR/kernels-1b.json && $PY -m minillm.cli bench decode --shape llama-2-7b --dtype bfloat16 \
     --batches 1 --prefill-lens --modes graphs --out $OUTDIR/decode-7b.json"
 # Speculative decoding, greedy: the course's pair (draft model, n-gram) at batches 1, 16 and 64 (where
 # it stops paying: it still paid at 16 on 2026-11-27) and, on the 1.1B model, draft = target, whose
 # verification cost v is the target's.
-step 1 spec 65 bash -c "$PY -m minillm.cli bench spec --device cuda --ks 2 4 --batch-sizes 1 16 64 \
+step 1 spec 50 bash -c "$PY -m minillm.cli bench spec --device cuda --ks 2 4 --batch-sizes 1 16 64 \
     --temperatures 0 --num-tokens 96 --out $OUTDIR/spec.json && $PY -m minillm.cli bench spec \
     --model $MODEL_DIR --device cuda --dtype bfloat16 --methods draft=target --ks 4 --batch-sizes 1 \
     --temperatures 0 --num-tokens 64 --out $OUTDIR/spec-1b.json"
@@ -168,6 +169,9 @@ step 1 quant 50 $PY -m minillm.cli bench quant --model tiny --device cuda --num-
 # estimate: one load of the 1.1B model, quantized while loading, and a batch-1 capture; not yet timed).
 step 1 decode-int4 20 $PY -m minillm.cli bench decode --model "$MODEL_DIR" --dtype bfloat16 --quantization int4 \
     --batches 1 --prefill-lens --modes graphs --out "$OUTDIR/decode-int4.json"
+# The same step's kernels one by one, in bf16, INT4 and INT8 (profiled replays): how much of the step
+# the linear layers are, and so how far quantizing them can speed it up.
+step 1 decode-kernels 35 $PY scripts/profile_decode_kernels.py "$MODEL_DIR" "$OUTDIR/decode-kernels.json"
 # Host time per step by phase (schedule, prepare, execute, sample, update): what bounds a small model,
 # before and after. Before: the engine of $BASELINE, the last commit before issue 25's fused kernels
 # and its host work (device-side argmax, pinned staging), on the same tiny weights; from the git
@@ -197,9 +201,8 @@ step 1 host-spec 12 $PY -m minillm.cli bench step --model "$REPO/minillm/assets/
     --batch-sizes 1 4 --steps 30 --speculative-config '{"model": "tiny-draft", "num_speculative_tokens": 4}' \
     --out "$OUTDIR/step-spec.json"
 # What the quantized matmuls' decode path is sensitive to (split-K, tiles, pipeline stages, the one-row
-# int4 kernel's loads a tile ahead or not, its packed products or fp32), for the INT4 targets that
-# step quant measures.
-step 1 quant-sweep 45 $PY scripts/quant_gemv_sweep.py "$OUTDIR/quant-sweep.json"
+# int4 kernel's packed products or fp32), for the INT4 targets that step quant measures.
+step 1 quant-sweep 40 $PY scripts/quant_gemv_sweep.py "$OUTDIR/quant-sweep.json"
 
 # pytest-xdist, where it is installed, runs the GPU tests in parallel on the one GPU.
 XDIST=$($PY -c "import xdist" 2>/dev/null && echo "-n 6")

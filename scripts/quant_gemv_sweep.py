@@ -1,8 +1,7 @@
 """What the decode path of the quantized matmuls (`minillm/kernels/quant_gemv.py`) is sensitive to,
 on a CUDA GPU: the same layers as `minillm bench quant`, each launch parameter varied alone around
 the shipped choice (input slices, tile shape and warps, the groups a one-row int4 tile spans,
-Triton's pipeline stages, the one-row kernels' loads issued a tile ahead or not, int4's packed
-arithmetic or fp32, fp16 or bf16 inputs),
+Triton's pipeline stages, int4's packed arithmetic or fp32, fp16 or bf16 inputs),
 beside F.linear and the device's read-only bandwidth, CUDA-graph timed on copies of the weights as
 `bench quant` times them. For deciding what to change in a kernel before changing it.
 
@@ -78,10 +77,8 @@ def sweep() -> list[dict]:
     tiles, row_kernel, dot_kernel = quant_gemv.gemv_tiles, quant_gemv._gemv_row_kernel, quant_gemv._gemv_kernel
     # (kind, rows, varied, value, split_k, tile override, options forced on the kernel's launches)
     runs = [("fp16", 1, "shipped", "", None, None, {})]
-    # (split-K 1, and pipeline stages, which the one-row kernel has none of, were measured once; 2 was
-    # slower then, before each program issued its loads a tile ahead: with fewer, longer programs in
-    # one wave it may no longer be)
-    runs += [("int4", 1, "split-K", str(s or "as chosen"), s, None, {}) for s in (2, 4, 8, None)]
+    # (the one-row kernel has no pipeline stages: Triton pipelines the loads that feed a tl.dot)
+    runs += [("int4", 1, "split-K", str(s or "as chosen"), s, None, {}) for s in (1, 2, 4, 8, None)]
     # (left out: on an H100, 2026-11-27, 128 x 128 on 8 warps ran within a tenth of 4 warps, 256 x 128
     # on 8 slower than both)
     runs += [("int4", 1, "tile", "x".join(map(str, t)), None, t, {})
@@ -90,15 +87,10 @@ def sweep() -> list[dict]:
     # rows read in runs of 64 and 256 bytes rather than 128, with the same 16 words a thread
     runs += [("int4", 1, "tile", "x".join(map(str, t)) + f" ({t[1] // 128} group{'s' * (t[1] > 128)})", None, t, {})
              for t in ((128, 128, 4), (32, 512, 4), (32, 512, 2))]
-    runs += [("int4", 1, "prefetch", "off, 32x512x4", None, (32, 512, 4), {"PREFETCH": False})]
-    runs += [("int4", 1, "prefetch", "off", s, t, {"PREFETCH": False})
-             for s, t in ((None, None), (None, (64, 128, 4)), (1, None))]
-    runs += [("int4", 1, "prefetch", "on", s, t, {}) for s, t in ((None, (64, 128, 4)), (1, None))]
     # the fp32 loop the packed one replaced (quant_half2.py), at the shipped tile and those it was measured in
     runs += [("int4", 1, "half2", label, None, t, {"HALF2": False, **extra})
              for label, t, extra in (("off", None, {}), ("off, 128x128x4", (128, 128, 4), {}),
-                                     ("off, 64x128x2", (64, 128, 2), {}),
-                                     ("off, 128x128x4, prefetch off", (128, 128, 4), {"PREFETCH": False}))]
+                                     ("off, 64x128x2", (64, 128, 2), {}))]
     runs += [("int4", 1, "half2", "on, 64x128x2", None, (64, 128, 2), {})]
     # bf16 inputs: packed bf16 products (sm_80 and later) against the fp32 loop, beside bf16 F.linear
     runs += [("bf16", 1, "shipped", "", None, None, {}), ("int4 bf16", 1, "shipped", "", None, None, {}),
@@ -110,17 +102,18 @@ def sweep() -> list[dict]:
     runs += [("int4", 16, "tile", "x".join(map(str, t)) + " (2 groups)", None, t, {})
              for t in ((128, 256, 4), (64, 256, 4))]
     runs += [("int4", 16, "stages", str(n), None, None, {"num_stages": n}) for n in (1, 2, 4)]
-    runs += [("int8", 1, "shipped", "", None, None, {}),
-             ("int8", 1, "prefetch", "off", None, None, {"PREFETCH": False}),
-             ("int8", 2, "shipped", "", None, None, {})]
+    runs += [("int8", 1, "shipped", "", None, None, {}), ("int8", 2, "shipped", "", None, None, {})]
+    # Triton's default pipeline (quant_gemv.GEMV_STAGES_INT8 ships 1)
+    runs += [("int8", 2, "stages", "3", None, None, {"num_stages": 3})]
     runs += [("int8", 2, "split-K", str(s), s, None, {}) for s in (1, 4)]
-    runs += [("int8", 2, "tile", "x".join(map(str, t)), None, t, {}) for t in ((32, 128, 4), (128, 128, 8))]
+    runs += [("int8", 2, "tile", "x".join(map(str, t)), None, t, {})
+             for t in ((32, 128, 4), (128, 128, 4), (128, 128, 8))]
     rows = []
     try:
         for kind, m, varied, value, split_k, tile, options in runs:
             quant_gemv.gemv_tiles = (lambda *_, tile=tile: tile) if tile else tiles
             quant_gemv._gemv_row_kernel = _Forced(row_kernel, **options) if options else row_kernel
-            forced_dot = {k: v for k, v in options.items() if k not in ("PREFETCH", "HALF2")}
+            forced_dot = {k: v for k, v in options.items() if k != "HALF2"}
             quant_gemv._gemv_kernel = _Forced(dot_kernel, **forced_dot) if forced_dot else dot_kernel
             for shape in SHAPES:
                 seconds, nbytes = _time(kind, shape, m, split_k)

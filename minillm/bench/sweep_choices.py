@@ -7,7 +7,7 @@ choice beside the table (`scripts/gpu_check.sh` appends it to summary.md).
 Each variant was timed once, so a lead under MARGIN is reported and not acted on: the same run on
 another machine of the same kind has moved figures by that much. A few variants time the shipped
 launch again under another name (the quantized sweep's split-K 8 where 8 slices are chosen anyway,
-or a tile that a prefetch or half2 row repeats); a "change" to one of those is noise past the margin.
+or a tile that a half2 row repeats); a "change" to one of those is noise past the margin.
 """
 
 from __future__ import annotations

@@ -9,9 +9,9 @@ kernel on the plain ALUs (`quant_gemv_row.py`).
 
 At batch 1 such a kernel can be bound by the instructions it issues: an H100 issues about 33 T
 lane-instructions a second, so reading 2.4 TB/s leaves at most about 14 instructions a byte.
-`python -m minillm.kernels.sass` counts the loops' from their machine code: 6.7 for int4's one
-row with fp16 inputs (packed, under triton 3.9 and 3.6, the H100's in BENCHMARKS.md; 8.9 in fp32)
-and 8.7 for its 2 to 16, against 13.8 and 14.7 before they read words. That count is a ceiling:
+`python -m minillm.kernels.sass` counts the loops' from their machine code: 6.0 for int4's one
+row with fp16 inputs (packed, under triton 3.9; 9.0 in fp32) and 8.7 for its 2 to 16, against
+13.8 and 14.7 before they read words. That count is a ceiling:
 these kernels have read at about half of an H100's bandwidth, so how their bytes are read matters
 too (how many are in flight, in runs of what length).
 
@@ -49,10 +49,16 @@ GEMV_MAX_ROWS = 16
 # 128 and more; 16 or 32 for smaller ones). The int4 kernel measured so far read runs of 64 bytes and
 # reached 0.36-0.59 of an H100's read bandwidth, where int8's, reading 256, reached 0.77: 2 makes the
 # runs whole 128-byte lines with the same work a thread (16 words, 4 rows), as many programs, and
-# nearly the same instructions and registers for the packed step (`kernels.sass`); the fp32 loop
-# (fp32 inputs, bf16 before sm_80, a row at an odd element) takes 168 registers there, against 128.
-# Not yet timed: `scripts/quant_gemv_sweep.py` compares 1, 2 and 4 groups.
+# nearly the same instructions and registers (`kernels.sass`). On an H200 (2026-11-28,
+# `scripts/quant_gemv_sweep.py`) 2 groups were 6-10% faster than 1, 10-17% faster than 4 on the
+# large layers, and as fast as 4 on 4096 x 4096.
 ONE_ROW_INT4_GROUPS = 2
+# Triton's software pipeline for the 2-to-16-row kernel: int8's tiles go straight from memory to
+# registers (1 stage) and int4's words through a 3-stage ring in shared memory. On an H200, 2, 8 and
+# 16 rows of int8 took 30-38 µs on 4096 x 14336 with 1 stage against 43-44 with Triton's default 3
+# (slower than fp16's 33-35), and 13 against 15-16 on 4096 x 4096; int4 at 16 rows took 31 µs with
+# 3 stages against 36 with 1 (BENCHMARKS.md, 2026-11-28).
+GEMV_STAGES_INT4, GEMV_STAGES_INT8 = 3, 1
 
 
 @triton.jit
@@ -223,4 +229,5 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor, zeros_arg:
         _gemv_kernel[(n_blocks, splits, m_blocks)](
             x, packed, scales, zeros_arg, bias_arg, out, partial, counters, rows, out_features, in_features,
             tiles_per_split, splits, x.stride(0), packed.stride(0), stride_sn, out.stride(0), partial.stride(0),
-            OFFSET=offset, BLOCK_M=GEMV_MAX_ROWS, PRECISION=precision, SUB_K=sub_k if words else 0, **common)
+            OFFSET=offset, BLOCK_M=GEMV_MAX_ROWS, PRECISION=precision, SUB_K=sub_k if words else 0,
+            num_stages=GEMV_STAGES_INT4 if int4 else GEMV_STAGES_INT8, **common)

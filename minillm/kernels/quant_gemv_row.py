@@ -57,7 +57,7 @@ def _gemv_row_kernel(x_ptr, w_ptr, scales_ptr, zeros_ptr, bias_ptr, out_ptr, par
                      tiles_per_split, num_splits, stride_wn, stride_sn, stride_split, INT4: tl.constexpr,
                      GROUP_SIZE: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr,
                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SUB_K: tl.constexpr = 128,
-                     PREFETCH: tl.constexpr = True, HALF2: tl.constexpr = False, ASM: tl.constexpr = False):
+                     HALF2: tl.constexpr = False, ASM: tl.constexpr = False):
     """One row of x: program (n, s) sums output channels of block n over input slice s (K is a
     multiple of BLOCK_K). Levels are fp32 numbers 2**BITS + level (`float_levels`), the offset folded
     into the sum as in `quant_tiles.py`; with HALF2 (int4, 16-bit inputs) a word's products are taken
@@ -75,28 +75,19 @@ def _gemv_row_kernel(x_ptr, w_ptr, scales_ptr, zeros_ptr, bias_ptr, out_ptr, par
         # weight costs a shift, a bitwise operation and a multiply-add, and its products never
         # leave their thread inside the loop. Each sub-tile's scale and zero point are applied to
         # each of its words' sums of 8 products.
-        # PREFETCH: each tile's loads are issued a tile ahead, before the arithmetic on the tile
-        # before. The loop does not pipeline them itself (Triton pipelines loads that feed a
-        # tl.dot), so a program otherwise waits for its words, then works with none of its bytes
-        # in flight; ahead, it holds a second tile's registers (about 128 a thread on sm_90 for the
-        # packed step, 80 without; the fp32 loop at 2 groups a tile 168).
+        # Each tile's loads are issued when its arithmetic needs them. Issuing them a tile ahead, in
+        # a second tile's registers, was 6-10% slower for int4 and up to 21% for int8 on an H200
+        # (three runs of scripts/quant_gemv_sweep.py, BENCHMARKS.md): the other programs of the SM
+        # keep its memory busy while one waits.
         SUBTILES: tl.constexpr = BLOCK_K // SUB_K
         WORDS: tl.constexpr = SUB_K // 8
         rows = offs_n.to(tl.int64)[:, None] * stride_wn
         group_rows = offs_n[:, None] * stride_sn
         words = (tl.arange(0, SUBTILES) * WORDS)[:, None] + tl.arange(0, WORDS)[None, :]
         acc2 = tl.zeros([BLOCK_N, SUBTILES, WORDS], tl.float32)
-        if PREFETCH:
-            w, x, group = _int4_row_tile(w_ptr, x_ptr, scales_ptr, zeros_ptr, rows, group_rows, words, mask_n, start,
-                                         GROUP_SIZE, BLOCK_K, SUB_K, HALF2)
         for k0 in range(start, end, BLOCK_K):
-            if PREFETCH:  # the last tile loads itself again, from cache (masked loads: 20 more instructions)
-                ahead = tl.multiple_of(tl.minimum(k0 + BLOCK_K, end - BLOCK_K), BLOCK_K)
-                w_next, x_next, group_next = _int4_row_tile(w_ptr, x_ptr, scales_ptr, zeros_ptr, rows, group_rows,
-                                                            words, mask_n, ahead, GROUP_SIZE, BLOCK_K, SUB_K, HALF2)
-            else:
-                w, x, group = _int4_row_tile(w_ptr, x_ptr, scales_ptr, zeros_ptr, rows, group_rows, words, mask_n, k0,
-                                             GROUP_SIZE, BLOCK_K, SUB_K, HALF2)
+            w, x, group = _int4_row_tile(w_ptr, x_ptr, scales_ptr, zeros_ptr, rows, group_rows, words, mask_n, k0,
+                                         GROUP_SIZE, BLOCK_K, SUB_K, HALF2)
             if HALF2:  # the four input pairs serve every row of the thread's share of the tile
                 acc2 = word_dots_half2(w, x[0][None], x[1][None], x[2][None], x[3][None], group[:, :, None], acc2,
                                        x_ptr.dtype.element_ty == tl.bfloat16, ASM)
@@ -108,29 +99,19 @@ def _gemv_row_kernel(x_ptr, w_ptr, scales_ptr, zeros_ptr, bias_ptr, out_ptr, par
                 x_sums = tl.sum(tl.reshape(x, [SUBTILES, WORDS, 8]), 2)
                 scale, zero = group
                 acc2 += (sums - (zero + 16)[:, :, None] * x_sums[None]) * scale[:, :, None]
-            if PREFETCH:
-                w, x, group = w_next, x_next, group_next
         acc = tl.sum(tl.sum(acc2, 2), 1)[None, :] * (1 / LEVEL_UNIT if HALF2 else 1.0)
     else:
         # int8: one scale per row, applied when the rows are stored, so products are summed
         # elementwise over the whole slice and reduced across threads once, at the end. A level q
         # is stored shifted, as q + 128, to be non-negative for float_levels: 384 + q in all.
-        # PREFETCH as for int4; the tile after the slice's last is masked off whole (nothing read).
         rows = offs_n.to(tl.int64)[:, None] * stride_wn
         acc2 = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
         x_sums = tl.zeros([BLOCK_K], tl.float32)
-        if PREFETCH:
-            q, x = _int8_row_tile(w_ptr, x_ptr, rows, mask_n, start, end, BLOCK_K)
         for k0 in range(start, end, BLOCK_K):
-            if PREFETCH:
-                q_next, x_next = _int8_row_tile(w_ptr, x_ptr, rows, mask_n, k0 + BLOCK_K, end, BLOCK_K)
-            else:
-                q, x = _int8_row_tile(w_ptr, x_ptr, rows, mask_n, k0, end, BLOCK_K)
+            q, x = _int8_row_tile(w_ptr, x_ptr, rows, mask_n, k0, end, BLOCK_K)
             x = x.to(tl.float32)
             acc2 += float_levels(q.to(tl.int32) + 128, 8) * x[None, :]
             x_sums += x
-            if PREFETCH:
-                q, x = q_next, x_next
         acc = (tl.sum(acc2, 1) - tl.sum(x_sums, 0) * 384)[None, :]
     finish_rows(acc, scales_ptr, bias_ptr, out_ptr, partial_ptr, counter_ptr, tl.zeros([1], tl.int32), offs_n,
                 tl.full([1], 1, tl.int1), mask_n, 0, split, num_splits, stride_split, INT4, HAS_BIAS, SPLIT)

@@ -19,8 +19,8 @@ from minillm.bench.shapes import SHAPES
 from minillm.bench.targets import TARGETS, evaluate, format_targets, load_results
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
-TIERS = {"1": ("env", "kernels", "attention", "decode", "spec", "throughput", "quant", "decode-int4", "host",
-          "host-pageable", "host-async", "host-spec", "quant-sweep"),
+TIERS = {"1": ("env", "kernels", "attention", "decode", "spec", "throughput", "quant", "decode-int4", "decode-kernels",
+          "host", "host-pageable", "host-async", "host-spec", "quant-sweep"),
          "2": ("tests", "notebooks"), "3": ("serve",)}
 
 

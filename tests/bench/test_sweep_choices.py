@@ -26,7 +26,7 @@ def _quant() -> dict:
     return {"device": "H100", "rows": [
         row("fp16", 1, "shipped", "", 43.7),  # F.linear: nothing to choose
         row("int4", 1, "split-K", "4", 25.0), row("int4", 1, "split-K", "as chosen", 22.6),
-        row("int4", 1, "tile", "128x128x4 (1 group)", 20.0), row("int4", 1, "prefetch", "off", 30.0),
+        row("int4", 1, "tile", "128x128x4 (1 group)", 20.0), row("int4", 1, "half2", "off", 30.0),
         row("int4", 1, "split-K", "as chosen", 29.1, "8192x8192"),
         row("int4", 1, "tile", "64x128x2", 28.5, "8192x8192"),
         row("int4", 16, "tile", "shipped", 60.0), row("int4", 16, "stages", "4", 50.0),

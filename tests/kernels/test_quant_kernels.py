@@ -160,25 +160,22 @@ def test_int4_is_exact(k, n, group_size, dtype):
     check_exact_on_every_row_count_and_path("int4", args, k, n, dtype, seed=k + group_size)
 
 
-@pytest.mark.parametrize("off,method,dtype", [("PREFETCH", m, d) for m in ("int8", "int4") for d in DTYPES]
-                         + [("HALF2", "int4", d) for d in DTYPES if d != torch.float32],
-                         ids=lambda v: dtype_name(v) if isinstance(v, torch.dtype) else v)
-def test_the_one_row_kernel_is_exact_with_each_option_off_too(off, method, dtype, monkeypatch):
-    """The one-row kernel issues each tile's loads a tile ahead (PREFETCH) and takes int4 products
-    of 16-bit inputs in packed arithmetic (HALF2); the loops without (what
-    `scripts/quant_gemv_sweep.py` compares) sum the same."""
+@pytest.mark.parametrize("dtype", [d for d in DTYPES if d != torch.float32], ids=dtype_name)
+def test_the_one_row_kernel_is_exact_without_packed_arithmetic_too(dtype, monkeypatch):
+    """The one-row kernel takes int4 products of 16-bit inputs in packed arithmetic (HALF2); the fp32
+    loop without it (what `scripts/quant_gemv_sweep.py` compares) sums the same."""
     kernel = quant_gemv._gemv_row_kernel
     launches = []
 
     class Without:
         def __getitem__(self, grid):
             launches.append(grid)
-            return lambda *args, **kwargs: kernel[grid](*args, **{**kwargs, off: False})
+            return lambda *args, **kwargs: kernel[grid](*args, **{**kwargs, "HALF2": False})
 
     monkeypatch.setattr(quant_gemv, "_gemv_row_kernel", Without())
-    kernel_of, reference = KERNELS[method]
-    k, n = 768, 40  # int8: 3 tiles of 256, so that a slice holds more than one
-    args = to_device(exactly_summed(method, k, n, dtype, 64, seed=3))
+    kernel_of, reference = KERNELS["int4"]
+    k, n = 768, 40  # 6 tiles of two groups of 64: each of two slices holds several
+    args = to_device(exactly_summed("int4", k, n, dtype, 64, seed=3))
     x = grid_inputs(1, k, dtype=dtype, seed=4).to(DEVICE)
     for split_k in (1, 2):
         ref = reference(x.double(), *as_fp64(args), None)
