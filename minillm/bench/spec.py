@@ -19,7 +19,10 @@ accepts everything, so that run measures what the machinery itself costs). Each 
   which waits for nothing. Where a decode verified nothing (prompt lookup without a match) it
   counts as one token, not the formula. The model adds the two sides' costs; the first run
   overlaps the host's part of each with the GPU's, so on a GPU the measured speedup may beat the
-  prediction by what that overlap saves.
+  prediction by what that overlap saves;
+- the same with the measured tokens per call in place of the formula's ("count / cost"): the
+  cost side of the model alone, so that a miss of the prediction can be put on the formula (its
+  one acceptance rate for every position, `spec_decode.acceptance.position_rates`) or on c and v.
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ PROMPT_LEN = 32
 COLUMNS = [("method", "method"), ("temperature", "temp"), ("batch", "batch"), ("k", "k"),
            ("tokens_per_s", "tokens/s"), ("speedup", "speedup"), ("predicted_speedup", "predicted"),
            ("alpha", "alpha"), ("acceptance_rate", "accepted/proposed"), ("tokens_per_call", "tokens/call"),
-           ("expected_tokens_per_call", "formula"), ("c", "c"), ("v", "v")]
+           ("expected_tokens_per_call", "formula"), ("count_over_cost", "count / cost"), ("c", "c"), ("v", "v")]
 
 
 def methods(model: str, draft: str) -> dict[str, dict]:
@@ -140,13 +143,17 @@ def _row(name: str, k: int, temperature: float, batch: int, run: dict, base: dic
     stats = run["stats"]
     c = run["propose_seconds"] / run["split_steps"] / k / plain_step
     v = (run["split_seconds"] - run["propose_seconds"]) / run["split_steps"] / plain_step
-    expected = stats["expected_tokens_per_target_call"]
-    # Per decode of a sequence: the formula where it verified drafts, one token where it did not.
+    expected, counted = stats["expected_tokens_per_target_call"], stats["tokens_per_target_call"]
     verifies, plain = stats["drafts"], run["plain_decodes"]
-    per_decode = (expected * verifies + plain) / (verifies + plain) if expected else None
+
+    def per_decode(tokens: float | None) -> float | None:
+        # Per decode of a sequence: `tokens` where it verified drafts, one token where it did not.
+        return (tokens * verifies + plain) / (verifies + plain) if tokens else None
+
     return {"method": name, "temperature": temperature, "batch": batch, "k": k,
             "tokens_per_s": run["tokens"] / run["seconds"], "speedup": base["seconds"] / run["seconds"],
-            "predicted_speedup": per_decode / (c * k + v) if per_decode else None,
+            "predicted_speedup": per_decode(expected) / (c * k + v) if expected else None,
+            "count_over_cost": per_decode(counted) / (c * k + v) if counted else None,
             "alpha": stats["alpha"], "acceptance_rate": stats["acceptance_rate"],
             "tokens_per_call": stats["tokens_per_target_call"], "expected_tokens_per_call": expected, "c": c, "v": v}
 

@@ -22,6 +22,8 @@ class AcceptanceStats(TypedDict):
     tokens_per_target_call: float | None  # (accepted + one target token per verify) / verifies
     expected_tokens_per_target_call: float | None  # the formula at alpha, for the proposals' lengths
     accepted_per_position: list[int]  # proposals whose i-th draft token was accepted
+    judged_per_position: list[int]  # proposals whose i-th draft token the target judged (reached)
+    proposal_lengths: dict[int, int]  # draft tokens a proposal held -> proposals that held that many
 
 
 @dataclass
@@ -33,11 +35,13 @@ class AcceptanceCounts:
     draft_tokens: int = 0
     accepted: int = 0
     judged: int = 0
-    per_position: list[int] = field(init=False)
+    per_position: list[int] = field(init=False)  # accepted at each position
+    judged_per_position: list[int] = field(init=False)  # reached at each position: all before it accepted
     lengths: dict[int, int] = field(default_factory=dict)  # proposal length -> proposals of that length
 
     def __post_init__(self) -> None:
         self.per_position = [0] * self.k
+        self.judged_per_position = [0] * self.k
 
     def add(self, proposed: int, accepted: int) -> None:
         """A proposal of `proposed` draft tokens, of which the target kept the first `accepted`."""
@@ -46,9 +50,13 @@ class AcceptanceCounts:
         self.draft_tokens += proposed
         self.accepted += accepted
         self.judged += min(accepted + 1, proposed)
-        self.per_position += [0] * (proposed - len(self.per_position))  # a proposal longer than k: not expected
+        longer = proposed - len(self.per_position)  # a proposal longer than k: not expected
+        self.per_position += [0] * longer
+        self.judged_per_position += [0] * longer
         for i in range(accepted):
             self.per_position[i] += 1
+        for i in range(min(accepted + 1, proposed)):
+            self.judged_per_position[i] += 1
 
     @property
     def alpha(self) -> float | None:
@@ -72,6 +80,37 @@ def expected_tokens_per_call(alpha: float, k: int) -> float:
     """Leviathan et al. (2023), eq. 1: the expected tokens one target call yields when each draft
     token is accepted with probability alpha, independently: (1 - alpha^(k+1)) / (1 - alpha)."""
     return float(k + 1) if alpha == 1 else (1 - alpha ** (k + 1)) / (1 - alpha)
+
+
+def position_rates(stats: AcceptanceStats) -> list[float]:
+    """The chance that the target accepts the i-th draft token once it reaches it (all before it
+    accepted), position by position: accepted / judged at each position, as far as any proposal
+    reached. alpha pools them into one rate, and the formula built on it miscounts, either way,
+    wherever the chance depends on the position: drafts right or wrong whole (it overcounts), or a
+    repetitive text whose one hard token falls at the same place of every draft (it undercounts)."""
+    return [a / j for a, j in zip(stats["accepted_per_position"], stats["judged_per_position"]) if j]
+
+
+def expected_tokens_from_rates(rates: list[float], k: int) -> float:
+    """Tokens one target call yields with k draft tokens when position i is accepted at rates[i]
+    once reached: 1 + r1 + r1 r2 + ... + r1 ... rk, positions past the measured ones at the last
+    measured rate. With one rate alpha everywhere, the formula of `expected_tokens_per_call`."""
+    if not rates:
+        raise ValueError("rates: need the rate of at least one position")
+    tokens, reached = 1.0, 1.0
+    for i in range(k):
+        reached *= rates[min(i, len(rates) - 1)]
+        tokens += reached
+    return tokens
+
+
+def modelled_tokens_per_call(stats: AcceptanceStats, rates: list[float]) -> float | None:
+    """Tokens per call of a run's own proposals, each of its own length, at the positions' `rates`
+    (those of this run, or of a run with longer drafts); None without rates or proposals."""
+    if not rates or not stats["drafts"]:
+        return None
+    return sum(n * expected_tokens_from_rates(rates, length)
+               for length, n in stats["proposal_lengths"].items()) / stats["drafts"]
 
 
 def proposals(trace: Trace) -> Iterator[tuple[int, SeqState]]:
@@ -101,4 +140,5 @@ def acceptance_stats(trace: Trace) -> AcceptanceStats:
         acceptance_rate=counts.accepted / counts.draft_tokens if counts.draft_tokens else None,
         tokens_per_target_call=counts.tokens_per_call,
         expected_tokens_per_target_call=counts.expected_tokens_per_call,
-        accepted_per_position=counts.per_position)
+        accepted_per_position=counts.per_position, judged_per_position=counts.judged_per_position,
+        proposal_lengths=dict(sorted(counts.lengths.items())))

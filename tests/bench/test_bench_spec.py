@@ -28,6 +28,7 @@ def test_bench_spec_writes_rows_and_json(tmp_path, capsys):
         # token of a request, where max_tokens leaves no room for drafts), over the step's cost.
         cost = row["c"] * 2 + row["v"]
         assert 1 / cost < row["predicted_speedup"] <= row["expected_tokens_per_call"] / cost
+        assert 1 / cost < row["count_over_cost"] <= row["tokens_per_call"] / cost
     # The target drafting for itself: every greedy token is accepted (up to float ties), k + 1 per call.
     assert all(r["alpha"] > 0.95 for r in rows if r["method"] == "draft=target")
 

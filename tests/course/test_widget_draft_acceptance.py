@@ -61,7 +61,8 @@ def test_stats_are_counted_by_hand() -> None:
     # judged: 3 (all accepted) + 2 (one, then a rejection) + 1 + 3 + 3 = 12 of 15 proposed.
     assert stats == {"drafts": 5, "draft_tokens": 15, "accepted_tokens": 9, "judged_tokens": 12, "alpha": 0.75,
                      "acceptance_rate": 0.6, "tokens_per_target_call": 2.8,
-                     "expected_tokens_per_target_call": pytest.approx(2.734375), "accepted_per_position": [4, 3, 2]}
+                     "expected_tokens_per_target_call": pytest.approx(2.734375), "accepted_per_position": [4, 3, 2],
+                     "judged_per_position": [5, 4, 3], "proposal_lengths": {3: 5}}
     early = acceptance_stats(hand_trace(), step=1)
     assert (early["drafts"], early["accepted_tokens"], early["judged_tokens"], early["alpha"]) == (2, 4, 5, 0.8)
     nothing = acceptance_stats(hand_trace(), step=0)

@@ -19,7 +19,14 @@ from minillm.eval.heldout import eval_token_ids
 from minillm.grading.checks_rejection_sampler_engine import second_token_p_value
 from minillm.models.loader import load_tokenizer, resolve_model_path
 from minillm.sample.rejection_sampler import stochastic_accept
-from minillm.spec_decode.acceptance import AcceptanceCounts, acceptance_stats, expected_tokens_per_call
+from minillm.spec_decode.acceptance import (
+    AcceptanceCounts,
+    acceptance_stats,
+    expected_tokens_from_rates,
+    expected_tokens_per_call,
+    modelled_tokens_per_call,
+    position_rates,
+)
 from minillm.spec_decode.ngram import lookup
 
 DRAFT = {"model": "tiny-draft"}
@@ -350,6 +357,38 @@ def test_acceptance_counts_worked_out_by_hand():
     # (1 - 0.75^5) / 0.25 = 3.05078125 for the two proposals of 4, (1 - 0.75^3) / 0.25 = 2.3125 for the one of 2.
     assert expected_tokens_per_call(0.75, 4) == pytest.approx(3.05078125)
     assert counts.expected_tokens_per_call == pytest.approx((2 * 3.05078125 + 2.3125) / 3)
+    # Reached: position 1 by all three, 2 by the two that kept their first, 3 and 4 by the one of 4
+    # that kept 2 (rejected at 3) and the one that kept all.
+    assert counts.judged_per_position == [3, 2, 2, 1]
+    # The positions' rates, 2/3, 1, 1/2, 1, give a proposal of 4 1 + 2/3 + 2/3 + 1/3 + 1/3 = 3 tokens
+    # and one of 2 1 + 2/3 + 2/3: with the proposals' own lengths, 25/9 a call, where they gave 3.
+    stats = {"drafts": counts.drafts, "accepted_per_position": counts.per_position,
+             "judged_per_position": counts.judged_per_position, "proposal_lengths": counts.lengths}
+    assert position_rates(stats) == pytest.approx([2 / 3, 1, 1 / 2, 1])
+    assert modelled_tokens_per_call(stats, position_rates(stats)) == pytest.approx(25 / 9)
+    assert modelled_tokens_per_call(stats, []) is None
+
+
+def test_position_rates_count_what_one_rate_for_every_position_miscounts_both_ways():
+    """The formula takes one acceptance rate for every position. Drafts right or wrong whole (4, 0, 4,
+    0 kept of 4) give alpha = 8 / 10 and a formula of 3.36 tokens a call, where each call gave 3;
+    drafts that always fail at their last token (3 of 4 kept, every time) give alpha = 12 / 16 and
+    3.05 where each gave 4. Position by position, the rates count both exactly at k = 4, and predict
+    a shorter draft: 1 + 1/2 + 1/2 = 2 tokens at k = 2 for the first, 3 for the second."""
+    for kept, rates, alpha, tokens, at_2 in (((4, 0, 4, 0), [0.5, 1.0, 1.0, 1.0], 0.8, 3, 2),
+                                             ((3, 3, 3, 3), [1.0, 1.0, 1.0, 0.0], 0.75, 4, 3)):
+        counts = AcceptanceCounts(k=4)
+        for accepted in kept:
+            counts.add(4, accepted)
+        stats = {"accepted_per_position": counts.per_position, "judged_per_position": counts.judged_per_position}
+        assert position_rates(stats) == rates and counts.alpha == alpha
+        assert counts.tokens_per_call == tokens == expected_tokens_from_rates(rates, 4)
+        assert abs(counts.expected_tokens_per_call - tokens) > 0.3  # 3.36 and 3.05
+        assert expected_tokens_from_rates(rates, 2) == at_2
+    # Past the positions measured, the last rate holds; one rate everywhere is the formula.
+    assert expected_tokens_from_rates([0.5], 3) == pytest.approx(expected_tokens_per_call(0.5, 3))
+    with pytest.raises(ValueError, match="rates"):
+        expected_tokens_from_rates([], 2)
 
 
 @pytest.mark.parametrize(("tokens", "k", "min_n", "max_n", "drafts"), [
