@@ -24,8 +24,8 @@ from minillm.llm import LLM
 
 SCHEMES = (None, "int4", "int8")
 COLUMNS = [("scheme", "weights"), ("step_us", "step µs (profiled)"), ("kernels", "kernels"),
-           ("kernel_us", "kernel µs"), ("quantizable_us", "linear-layer µs"), ("other_us", "other kernels µs"),
-           ("quantizable_calls", "linear calls"), ("us_per_linear", "µs per linear call")]
+           ("kernel_us", "kernel µs"), ("linear_us", "linear-layer µs"), ("other_us", "other kernels µs"),
+           ("linear_calls", "linear calls"), ("us_per_linear", "µs per linear call")]
 
 
 def profile(model: str, quantization: str | None) -> dict:
@@ -45,7 +45,7 @@ def profile(model: str, quantization: str | None) -> dict:
     total, matmul = sum(r.device_us for r in kernels), sum(r.device_us for r in linear)
     calls = sum(r.calls for r in linear)
     return {"scheme": quantization or "bf16", "step_us": mean.step_us, "kernels": sum(r.calls for r in kernels),
-            "kernel_us": total, "quantizable_us": matmul, "other_us": total - matmul, "quantizable_calls": calls,
+            "kernel_us": total, "linear_us": matmul, "other_us": total - matmul, "linear_calls": calls,
             "us_per_linear": matmul / calls if calls else None,
             "by_kernel": [{"name": r.name, "calls": r.calls, "us": r.device_us} for r in kernels]}
 
