@@ -2,7 +2,10 @@
 
 For each batch size and temperature the same prompts are generated plainly and then with each
 proposer and k: a draft model, prompt lookup (n-gram), and the target as its own draft (greedy, it
-accepts everything, so that run measures what the machinery itself costs). Each row reports:
+accepts everything, so that run measures what the machinery itself costs). Batch 1 is
+BATCH1_REQUESTS requests one after another, as one user sends them: a single prompt's text may
+repeat itself, and its drafts' acceptance with it (on an H200 one prompt had the shipped pair keep
+exactly 3 of 4 drafts in nearly every verification). Each row reports:
 
 - tokens per target call, measured (accepted drafts plus the target's token, per verification)
   and the formula (1 - alpha^(k+1)) / (1 - alpha) at the measured alpha (accepted / judged);
@@ -41,6 +44,7 @@ from minillm.models.loader import load_tokenizer, resolve_model_path
 from minillm.spec_decode.acceptance import acceptance_stats
 
 PROMPT_LEN = 32
+BATCH1_REQUESTS = 4
 COLUMNS = [("method", "method"), ("temperature", "temp"), ("batch", "batch"), ("k", "k"),
            ("tokens_per_s", "tokens/s"), ("speedup", "speedup"), ("predicted_speedup", "predicted"),
            ("alpha", "alpha"), ("acceptance_rate", "accepted/proposed"), ("tokens_per_call", "tokens/call"),
@@ -69,25 +73,31 @@ def _heldout_ids(model: str) -> list[int]:
     return eval_token_ids(load_tokenizer(resolve_model_path(model)))
 
 
-def timed_generate(llm: LLM, prompts: list[dict], params: list[SamplingParams]) -> dict:
-    """Seconds of the whole generate, steps, and the trace's acceptance; with a proposer, also the
-    seconds inside it and around it (split_seconds) of a second run that waits for the device on
-    both sides of each `propose`."""
+def _serve_in_groups(llm: LLM, prompts: list[dict], params: list[SamplingParams], batch: int) -> list:
+    """The requests `batch` at a time, each group once the one before has finished."""
+    return [out for i in range(0, len(prompts), batch)
+            for out in llm.generate(prompts[i:i + batch], params[i:i + batch], use_tqdm=False)]
+
+
+def timed_generate(llm: LLM, prompts: list[dict], params: list[SamplingParams], batch: int) -> dict:
+    """Seconds of serving the requests `batch` at a time, steps, and the trace's acceptance; with a
+    proposer, also the seconds inside it and around it (split_seconds) of a second run that waits for
+    the device on both sides of each `propose`."""
     llm.generate(prompts[:1], params[:1], use_tqdm=False)  # warm-up
     with record(llm) as trace:
         start = time.perf_counter()
-        outs = llm.generate(prompts, params, use_tqdm=False)
+        outs = _serve_in_groups(llm, prompts, params, batch)
         seconds = time.perf_counter() - start
     # Decodes of a sequence that verified nothing (prompt lookup found no match): one token each.
     plain_decodes = sum(1 for e in trace.events for s in e.seqs if s.decode_tokens and not s.spec_token_ids)
     run = {"seconds": seconds, "steps": len(trace.events), "plain_decodes": plain_decodes,
            "tokens": sum(len(o.outputs[0].token_ids) for o in outs), "stats": acceptance_stats(trace)}
     if llm.llm_engine.model_runner.proposer is not None:
-        run.update(_split_run(llm, prompts, params))
+        run.update(_split_run(llm, prompts, params, batch))
     return run
 
 
-def _split_run(llm: LLM, prompts: list[dict], params: list[SamplingParams]) -> dict:
+def _split_run(llm: LLM, prompts: list[dict], params: list[SamplingParams], batch: int) -> dict:
     """The same requests again, the device drained before and after each `propose`: its seconds
     (split_seconds), those inside `propose` (propose_seconds) and its steps (split_steps)."""
     proposer = llm.llm_engine.model_runner.proposer
@@ -105,7 +115,7 @@ def _split_run(llm: LLM, prompts: list[dict], params: list[SamplingParams]) -> d
 
     with record(llm) as trace, mock.patch.object(proposer, "propose", propose):
         start = time.perf_counter()
-        llm.generate(prompts, params, use_tqdm=False)
+        _serve_in_groups(llm, prompts, params, batch)
         seconds = time.perf_counter() - start
     return {"split_seconds": seconds, "propose_seconds": proposing[0], "split_steps": len(trace.events)}
 
@@ -126,14 +136,15 @@ def bench_spec(model: str, draft: str, ks: list[int], batch_sizes: list[int], te
     with tqdm(total=len(temperatures) * len(batch_sizes) * (len(runs) + 1), desc="bench spec", leave=False) as bar:
         for temperature in temperatures:
             for batch in batch_sizes:
-                prompts, params = workload(model, batch, num_tokens, temperature)
-                base = timed_generate(plain, prompts, params)
+                requests = BATCH1_REQUESTS if batch == 1 else batch
+                prompts, params = workload(model, requests, num_tokens, temperature)
+                base = timed_generate(plain, prompts, params, batch)
                 bar.update()
                 step = base["seconds"] / base["steps"]  # a plain step at this batch size
                 rows.append({"method": "plain", "temperature": temperature, "batch": batch, "k": 0,
                              "tokens_per_s": base["tokens"] / base["seconds"], "speedup": 1.0})
                 for name, k in runs:
-                    run = timed_generate(engines[name, k], prompts, params)
+                    run = timed_generate(engines[name, k], prompts, params, batch)
                     bar.update()
                     rows.append(_row(name, k, temperature, batch, run, base, step))
     return rows, _summary(rows)

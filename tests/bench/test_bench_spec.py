@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from minillm.bench.spec import _summary
+from minillm.bench.spec import _serve_in_groups, _summary
 from minillm.cli import main
 
 
@@ -43,3 +43,22 @@ def test_the_summary_names_the_batch_where_speculation_stops_paying():
     # "a" still pays at batch 4 with its best k (1.1), not at 16; "b" pays at every batch measured.
     assert summary["stops_paying_at_batch"] == {"a temp=0.0": 16, "b temp=0.0": None}
     assert summary["best_k"]["a temp=0.0 batch=4"] == {"k": 4, "speedup": 1.1, "predicted_speedup": None}
+
+
+def test_requests_are_served_in_groups_of_the_batch_size_each_after_the_one_before():
+    """Batch 1 is several requests one after another (BATCH1_REQUESTS), not one request alone."""
+
+    class Recorded:
+        def __init__(self):
+            self.calls = []
+
+        def generate(self, prompts, params, use_tqdm):
+            self.calls.append(prompts)
+            return [f"out {p}" for p in prompts]
+
+    llm = Recorded()
+    assert _serve_in_groups(llm, ["a", "b", "c", "d"], [0, 1, 2, 3], 1) == ["out a", "out b", "out c", "out d"]
+    assert llm.calls == [["a"], ["b"], ["c"], ["d"]]
+    llm.calls.clear()
+    _serve_in_groups(llm, ["a", "b", "c"], [0, 1, 2], 2)
+    assert llm.calls == [["a", "b"], ["c"]]
