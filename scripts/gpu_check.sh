@@ -165,12 +165,13 @@ step 1 throughput 115 $PY -m minillm.cli bench throughput --model "$MODEL_DIR" -
     --out "$OUTDIR/throughput.json"
 step 1 quant 50 $PY -m minillm.cli bench quant --model tiny --device cuda --num-prompts 16 --num-tokens 32 \
     --out "$OUTDIR/quant.json"
-# A whole INT4 g128 decode step of the 1.1B model, graphed, against step decode's bf16 one (its
-# estimate: one load of the 1.1B model, quantized while loading, and a batch-1 capture; not yet timed).
+# A whole INT4 g128 decode step of the 1.1B model, graphed, against step decode's bf16 one (19 s on an
+# H200, 2026-11-28).
 step 1 decode-int4 20 $PY -m minillm.cli bench decode --model "$MODEL_DIR" --dtype bfloat16 --quantization int4 \
     --batches 1 --prefill-lens --modes graphs --out "$OUTDIR/decode-int4.json"
 # The same step's kernels one by one, in bf16, INT4 and INT8 (profiled replays): how much of the step
-# the linear layers are, and so how far quantizing them can speed it up.
+# the linear layers are, and so how far quantizing them can speed it up (its estimate: the same
+# profile, run on an H200 from a script of its own before this step existed).
 step 1 decode-kernels 35 $PY scripts/profile_decode_kernels.py "$MODEL_DIR" "$OUTDIR/decode-kernels.json"
 # Host time per step by phase (schedule, prepare, execute, sample, update): what bounds a small model,
 # before and after. Before: the engine of $BASELINE, the last commit before issue 25's fused kernels
