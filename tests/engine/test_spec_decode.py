@@ -357,8 +357,8 @@ def test_acceptance_counts_worked_out_by_hand():
     # (1 - 0.75^5) / 0.25 = 3.05078125 for the two proposals of 4, (1 - 0.75^3) / 0.25 = 2.3125 for the one of 2.
     assert expected_tokens_per_call(0.75, 4) == pytest.approx(3.05078125)
     assert counts.expected_tokens_per_call == pytest.approx((2 * 3.05078125 + 2.3125) / 3)
-    # Reached: position 1 by all three, 2 by the two that kept their first, 3 and 4 by the one of 4
-    # that kept 2 (rejected at 3) and the one that kept all.
+    # Reached: position 1 by all three, 2 by the two that kept their first, 3 by the one that kept 2
+    # (rejected at 3) and the one that kept all, 4 by the latter alone.
     assert counts.judged_per_position == [3, 2, 2, 1]
     # The positions' rates, 2/3, 1, 1/2, 1, give a proposal of 4 1 + 2/3 + 2/3 + 1/3 + 1/3 = 3 tokens
     # and one of 2 1 + 2/3 + 2/3: with the proposals' own lengths, 25/9 a call, where they gave 3.
