@@ -77,9 +77,11 @@ class ScheduledBatch:
         self.num_new_tokens.append(num_new_tokens + num_spec_tokens)
         self.do_sample.append(seq.num_computed_tokens + num_new_tokens == seq.num_tokens)
         self.num_spec_tokens.append(num_spec_tokens)
-        # For a request admitted after it in this step (see above); not for a sequence given no memory
-        # (an admission policy's mistake, which its checks name).
-        if self.kv_cache_manager is not None and seq.status is SequenceStatus.RUNNING:
+        # For a request admitted after it in this step (see above); only while the prompt is being
+        # computed (a decode's blocks are registered once computed), and not for a sequence given no
+        # memory (an admission policy's mistake, which its checks name).
+        if (self.kv_cache_manager is not None and seq.num_computed_tokens < seq.num_prompt_tokens
+                and seq.status is SequenceStatus.RUNNING):
             end = seq.num_computed_tokens + num_new_tokens
             self.kv_cache_manager.cache_blocks(seq, min(end, seq.num_prompt_tokens))
         return num_new_tokens + num_spec_tokens

@@ -34,7 +34,6 @@ class AcceptanceCounts:
     drafts: int = 0
     draft_tokens: int = 0
     accepted: int = 0
-    judged: int = 0
     per_position: list[int] = field(init=False)  # accepted at each position
     judged_per_position: list[int] = field(init=False)  # reached at each position: all before it accepted
     lengths: dict[int, int] = field(default_factory=dict)  # proposal length -> proposals of that length
@@ -49,7 +48,6 @@ class AcceptanceCounts:
         self.lengths[proposed] = self.lengths.get(proposed, 0) + 1
         self.draft_tokens += proposed
         self.accepted += accepted
-        self.judged += min(accepted + 1, proposed)
         longer = proposed - len(self.per_position)  # a proposal longer than k: not expected
         self.per_position += [0] * longer
         self.judged_per_position += [0] * longer
@@ -57,6 +55,11 @@ class AcceptanceCounts:
             self.per_position[i] += 1
         for i in range(min(accepted + 1, proposed)):
             self.judged_per_position[i] += 1
+
+    @property
+    def judged(self) -> int:
+        """Draft tokens the target decided on: each proposal's up to and including its first rejection."""
+        return sum(self.judged_per_position)
 
     @property
     def alpha(self) -> float | None:
